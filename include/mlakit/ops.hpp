@@ -1,0 +1,134 @@
+// Primitive MLA ops. Each op validates its arguments (shapes, dtypes, strides, devices, index
+// ranges) and dispatches on the device of its tensors: all tensors of one call live on one device;
+// index tensors (block tables, slot mappings, lengths) too. Bad input throws mlakit::Error naming
+// the op and the argument; nothing is read or written out of bounds.
+//
+// LSE convention (DESIGN.md §3): float32, natural log; an empty key set gives out = 0 and
+// lse = -inf; +inf inputs are treated as -inf. The layout is part of every parameter name:
+// `lse_heads_tokens` is [N, T] (prefill, merge), `lse_tokens_heads` is [.., N] (decode).
+#pragma once
+
+#include <cstdint>
+#include <optional>
+
+#include "mlakit/config.hpp"
+#include "mlakit/plan.hpp"
+#include "mlakit/types.hpp"
+
+namespace mlakit::ops {
+
+// ---- Cache write (spec A.3) ---------------------------------------------------------------------
+// kv_c:         [T', L]  activation dtype; row stride may exceed L
+// k_pe:         [T', R]  activation dtype; any row stride
+// kv_cache:     [num_blocks, block_size, entry_width]  (see kv_cache.hpp)
+// slot_mapping: i64 [T], T <= T'; slot < 0 skips the token; slot >= num_blocks * block_size throws
+// k_scale:      per-tensor scale for kFp8E4m3 (stored = e4m3(x / k_scale), saturating); unused
+//               otherwise. Must be finite and > 0.
+void concat_and_cache_mla(const TensorView& kv_c, const TensorView& k_pe,
+                          const TensorView& kv_cache, const TensorView& slot_mapping,
+                          KvCacheDType kv_dtype, float k_scale, Stream stream = {});
+
+// ---- Context gathers (spec A.7) -----------------------------------------------------------------
+// Token t < num_tokens of dst comes from request b = token_to_seq[t] at logical position
+// pos = t - cu_seq_lens[b] + (seq_starts ? seq_starts[b] : 0), i.e. from block
+// block_table[b, pos / block_size]; the column is checked against the table width, the block id
+// against num_blocks. Entries are dequantized (fp8: value * scale; ds_mla: tile scales) to dst's
+// dtype (f32, f16 or bf16).
+// src_cache:    [num_blocks, block_size, entry_width]
+// dst:          [>= num_tokens, L + R], row stride may exceed L + R
+// block_table:  i32 [B, max_blocks]
+// cu_seq_lens:  i32 [B + 1]
+// token_to_seq: i32 [>= num_tokens]
+// seq_starts:   i32 [B] or absent
+void gather_and_maybe_dequant_cache(const TensorView& src_cache, const TensorView& dst,
+                                    const TensorView& block_table, const TensorView& cu_seq_lens,
+                                    const TensorView& token_to_seq, int64_t num_tokens,
+                                    KvCacheDType kv_dtype, float scale,
+                                    const std::optional<TensorView>& seq_starts,
+                                    Stream stream = {});
+
+// Raw copy (no dequant) of request b's positions [seq_starts[b], seq_starts[b] + len_b) into
+// dst rows [cu_seq_lens[b], cu_seq_lens[b + 1]); src and dst must share dtype and entry width.
+// src_cache:   [num_blocks, block_size, W]
+// dst:         [>= cu_seq_lens[batch_size], W]
+// block_table: i32 [>= batch_size, max_blocks]
+// cu_seq_lens: i32 [batch_size + 1]
+// seq_starts:  i32 [batch_size] or absent
+void cp_gather_cache(const TensorView& src_cache, const TensorView& dst,
+                     const TensorView& block_table, const TensorView& cu_seq_lens,
+                     int64_t batch_size, const std::optional<TensorView>& seq_starts,
+                     Stream stream = {});
+
+// ---- LSE merge (spec A.8, C.6) ------------------------------------------------------------------
+// output, prefix_output, suffix_output: [T, H, D] (f32, f16 or bf16; any strides, D contiguous)
+// prefix_lse_heads_tokens, suffix_lse_heads_tokens: f32 [H, T]
+// output_lse_heads_tokens: f32 [H, T] or absent
+// Both sides empty (-inf/-inf) gives out = 0, lse = -inf. Never produces NaN from finite or
+// infinite LSEs. `output` may alias `prefix_output` or `suffix_output`.
+void merge_attn_states(const TensorView& output,
+                       const std::optional<TensorView>& output_lse_heads_tokens,
+                       const TensorView& prefix_output, const TensorView& prefix_lse_heads_tokens,
+                       const TensorView& suffix_output, const TensorView& suffix_lse_heads_tokens,
+                       Stream stream = {});
+
+// ---- fp8 static quantization (decode q; spec A.6, F-37) ------------------------------------------
+// out = e4m3(clamp(x * (1 / scale), -448, 448)); x: any float dtype, out: kFp8E4m3/kU8, same shape.
+void scaled_fp8_quant(const TensorView& x, const TensorView& out, float scale, Stream stream = {});
+
+// ---- Absorbed MQA decode (spec A.6, C.3, C.4, C.7) ----------------------------------------------
+struct DecodeParams {
+  float scale = 0.0f;  // softmax scale from the model (> 0)
+  KvCacheDType kv_dtype = KvCacheDType::kAuto;
+  float q_scale = 1.0f;  // applies when q is fp8 (kFp8E4m3 or kU8)
+  float k_scale = 1.0f;  // applies to kFp8E4m3 caches
+};
+// Query j of request b (s_q queries) attends keys [0, seq_lens[b] - s_q + j] (bottom-right
+// causal); K = entry[0:L+R], V = entry[0:L]. seq_len 0 gives out 0, lse -inf.
+// q:                [B, s_q, N, L + R]  activation dtype, or fp8 for fp8 caches
+// kv_cache:         [num_blocks, block_size, entry_width]
+// block_table:      i32 [B, max_blocks]
+// seq_lens:         i32 [B]
+// out:              [B, s_q, N, L]  f32, f16 or bf16
+// lse_tokens_heads: f32 [B, s_q, N]
+// schedule:         plan_decode_splits(seq_lens, block_size, workers) of the same seq_lens
+// split_workspace:  f32 with >= mla_decode_workspace_elems(...) elements (partials of the splits)
+void mla_decode(const TensorView& q, const TensorView& kv_cache, const TensorView& block_table,
+                const TensorView& seq_lens, const TensorView& out,
+                const TensorView& lse_tokens_heads, const DecodeParams& params,
+                const DecodeSchedule& schedule, const TensorView& split_workspace,
+                Stream stream = {});
+int64_t mla_decode_workspace_elems(const DecodeSchedule& schedule, int64_t s_q, int64_t num_heads,
+                                   int64_t kv_lora_rank);
+// Convenience form for host tensors: plans the splits and allocates the workspace itself.
+void mla_decode(const TensorView& q, const TensorView& kv_cache, const TensorView& block_table,
+                const TensorView& seq_lens, const TensorView& out,
+                const TensorView& lse_tokens_heads, const DecodeParams& params);
+
+// ---- Varlen MHA prefill, d_qk = P + R, d_v = V, no V padding (spec A.5) ---------------------------
+// Request b has queries [cu_seqlens_q[b], cu_seqlens_q[b+1]) and keys [cu_seqlens_k[b],
+// cu_seqlens_k[b+1]). K of head n is [k_nope[s, n, :] | k_pe[s, :]] (k_pe shared by all heads).
+// Causal masking is bottom-right: query i of a request with sq queries and sk keys sees keys
+// [0, sk - sq + i]. A query with no visible key gets out 0 and lse -inf.
+// q:            [T, N, P + R]
+// k_nope:       [S, N, P]  (any strides, last dim contiguous; e.g. a view of kv_b_proj output)
+// k_pe:         [S, R]
+// v:            [S, N, V]
+// cu_seqlens_q: i32 [B + 1];  cu_seqlens_k: i32 [B + 1]
+// out:          [T, N, V]   (head stride may exceed V)
+// lse_heads_tokens: f32 [N, T] or absent
+void mla_prefill(const TensorView& q, const TensorView& k_nope, const TensorView& k_pe,
+                 const TensorView& v, const TensorView& cu_seqlens_q,
+                 const TensorView& cu_seqlens_k, int64_t max_seqlen_q, int64_t max_seqlen_k,
+                 float scale, bool causal, const TensorView& out,
+                 const std::optional<TensorView>& lse_heads_tokens, Stream stream = {});
+
+// ---- GEMMs (BLAS on CPU, cuBLAS on GPU) ----------------------------------------------------------
+// c[b] = a[b] @ w[b] for every batch index b, f32 accumulation.
+// a: [batch, M, K]  w: [batch, K, Ncol]  c: [batch, M, Ncol]
+// Any strides; the innermost dimension of each operand must be contiguous or the second one
+// (a transposed matrix). Used for q absorption (a = q_nope^T per head, w = W_UK_T), the V
+// up-projection (a = o_lat^T per head, w = W_UV) and kv_b_proj (batch 1, w = weight^T).
+void batched_matmul(const TensorView& a, const TensorView& w, const TensorView& c,
+                    Stream stream = {});
+
+}  // namespace mlakit::ops

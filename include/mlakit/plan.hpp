@@ -1,0 +1,115 @@
+// Host-side planning (pure functions of host integers; no device access, no allocation on the
+// run path). Spec §B. Every function validates its input and throws mlakit::Error on bad input.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "mlakit/config.hpp"
+
+namespace mlakit {
+
+// ---- B.2: rows of the chunked-context gather workspace ------------------------------------------
+// min(max(8 * max_model_len, 4 * max_num_seqs * block_size), 65536), raised to at least
+// max_num_seqs * block_size (one page per request).
+int64_t chunked_prefill_workspace_tokens(int64_t max_model_len, int64_t max_num_seqs,
+                                         int64_t block_size);
+
+// ---- B.4: decode / prefill split of an already reordered batch ----------------------------------
+struct SplitCounts {
+  int64_t num_decodes = 0;
+  int64_t num_prefills = 0;
+  int64_t num_decode_tokens = 0;
+  int64_t num_prefill_tokens = 0;
+};
+// query_start_loc: [R + 1] cumulative query lengths (padding requests repeat the last value).
+// num_actual_tokens: T, which may exceed query_start_loc[R] for CUDA-graph padded batches.
+SplitCounts split_decodes_and_prefills(std::span<const int32_t> query_start_loc,
+                                       int64_t num_actual_tokens, int64_t decode_threshold,
+                                       bool require_uniform);
+
+// ---- B.5: decodes-first reorder -----------------------------------------------------------------
+// Returns order[i] = index (in the input) of the request placed at position i: decodes
+// (computed > 0 and scheduled <= threshold), then extends, then prefills (computed == 0); only
+// positions whose region is wrong move. num_scheduled, num_computed: [R].
+std::vector<int32_t> reorder_decodes_first(std::span<const int32_t> num_scheduled,
+                                           std::span<const int32_t> num_computed,
+                                           int64_t decode_threshold);
+
+// ---- B.6: chunked-context plan ------------------------------------------------------------------
+enum class ChunkPolicy : uint8_t {
+  kEqualShare,  // vLLM: every request with context gets workspace/n_with_context per chunk
+  kPacked,      // spec F-19: fill each chunk with whole remaining contexts, splitting only the
+                // request that overflows it at a page boundary (far fewer chunks)
+};
+
+// One chunk of context, gathered into the workspace rows [0, total_tokens).
+struct ContextChunk {
+  std::vector<int32_t> starts;        // [np] first context position gathered per prefill request
+  std::vector<int32_t> seq_lens;      // [np] context tokens gathered per prefill request
+  std::vector<int32_t> cu_seq_lens;   // [np + 1] cumulative seq_lens (workspace row offsets)
+  std::vector<int32_t> token_to_seq;  // [total_tokens] prefill request of each workspace row
+  int64_t total_tokens = 0;
+  int64_t max_seq_len = 0;
+};
+
+// ---- Decode split-KV schedule -------------------------------------------------------------------
+// Request b's keys [0, seq_lens[b]) are cut into num_splits(b) pieces of split_len[b] tokens
+// (a multiple of the block size; the last piece may be shorter). Split k of request b is global
+// split index split_offsets[b] + k. A request with seq_len 0 has no split.
+struct DecodeSchedule {
+  std::vector<int32_t> split_offsets;  // [B + 1] cumulative split counts
+  std::vector<int32_t> split_len;      // [B] tokens per split (multiple of block_size)
+  int64_t total_splits = 0;
+  int64_t max_splits = 0;  // largest split count of any request
+
+  int64_t num_splits(int64_t b) const { return split_offsets[b + 1] - split_offsets[b]; }
+};
+// seq_lens: [B] keys per decode request. Splits are sized so that about `num_workers` * a small
+// factor pieces of equal length exist, never shorter than one block.
+DecodeSchedule plan_decode_splits(std::span<const int32_t> seq_lens, int64_t block_size,
+                                  int64_t num_workers);
+
+// ---- The whole plan of one forward step ---------------------------------------------------------
+struct BatchDesc {
+  std::span<const int32_t> query_start_loc;  // [R + 1]
+  std::span<const int32_t> seq_lens;         // [R] context + query tokens per request
+  int64_t num_actual_tokens = 0;             // T (>= query_start_loc[R] when padded)
+  int64_t block_table_width = 0;             // columns of the block table
+};
+
+struct PlannerConfig {
+  int64_t block_size = 64;  // KV page size; chunk starts are aligned to it
+  int64_t decode_threshold = 1;
+  QueryLenSupport query_len_support = QueryLenSupport::kVarlen;
+  int64_t workspace_tokens = 0;  // rows of the gather workspace (> 0)
+  ChunkPolicy chunk_policy = ChunkPolicy::kPacked;
+  int64_t num_workers = 1;  // parallel workers the decode split-KV schedule targets
+};
+
+struct Plan {
+  int64_t num_reqs = 0;
+  int64_t num_actual_tokens = 0;
+  SplitCounts split;
+
+  // Decode part: requests [0, num_decodes), tokens [0, num_decode_tokens).
+  int64_t decode_query_len = 0;          // common q_len of the decodes (uniform), else 0
+  int64_t max_decode_query_len = 0;
+  DecodeSchedule decode_schedule;        // over seq_lens[0 : num_decodes]
+
+  // Prefill part: requests [num_decodes, R), tokens [num_decode_tokens, T).
+  std::vector<int32_t> prefill_query_start_loc;  // [np + 1], rebased to 0
+  int64_t prefill_max_query_len = 0;
+  std::vector<int32_t> prefill_context_lens;     // [np] seq_len - query_len
+  std::vector<ContextChunk> context_chunks;      // empty when no prefill has context
+
+  bool has_context() const { return !context_chunks.empty(); }
+};
+
+// Validates the batch (monotone query_start_loc, 0 <= query_len <= seq_len, seq_len within the
+// block table) and builds the plan. Every chunk satisfies total_tokens <= workspace_tokens and
+// every block-table column it reads is < block_table_width.
+Plan make_plan(const BatchDesc& batch, const PlannerConfig& config);
+
+}  // namespace mlakit

@@ -1,0 +1,96 @@
+#include "core/check.hpp"
+
+namespace mlakit::detail {
+
+void fail(ErrorCode code, const std::string& message) { throw Error(code, message); }
+
+std::string shape_string(const TensorView& t) {
+  std::ostringstream os;
+  os << '[';
+  for (int d = 0; d < t.ndim; ++d) os << (d ? ", " : "") << t.shape[d];
+  os << ']';
+  return os.str();
+}
+
+void check_ndim(const char* op, const char* name, const TensorView& t, int ndim) {
+  require(t.ndim == ndim, ErrorCode::kInvalidArgument, op, ": ", name, " must have ", ndim,
+          " dimensions, got ", t.ndim, " (shape ", shape_string(t), ")");
+}
+
+void check_dtype(const char* op, const char* name, const TensorView& t,
+                 std::initializer_list<DType> allowed) {
+  for (DType d : allowed)
+    if (t.dtype == d) return;
+  std::string expected;
+  for (DType d : allowed) expected += (expected.empty() ? "" : " or ") + std::string(dtype_name(d));
+  fail(ErrorCode::kInvalidArgument,
+       str_cat(op, ": ", name, " must have dtype ", expected, ", got ", dtype_name(t.dtype)));
+}
+
+void check_size(const char* op, const char* name, const TensorView& t, int dim, int64_t expected) {
+  require(t.size(dim) == expected, ErrorCode::kInvalidArgument, op, ": ", name, ".shape[", dim,
+          "] must equal ", expected, ", got ", t.size(dim), " (shape ", shape_string(t), ")");
+}
+
+void check_min_size(const char* op, const char* name, const TensorView& t, int dim,
+                    int64_t minimum) {
+  require(t.size(dim) >= minimum, ErrorCode::kInvalidArgument, op, ": ", name, ".shape[", dim,
+          "] must be at least ", minimum, ", got ", t.size(dim), " (shape ", shape_string(t), ")");
+}
+
+void check_inner_contiguous(const char* op, const char* name, const TensorView& t) {
+  require(t.ndim == 0 || t.shape[t.ndim - 1] <= 1 || t.strides[t.ndim - 1] == 1,
+          ErrorCode::kInvalidArgument, op, ": ", name,
+          " must be contiguous in its last dimension, got stride ",
+          t.ndim ? t.strides[t.ndim - 1] : 0);
+}
+
+void check_contiguous(const char* op, const char* name, const TensorView& t) {
+  require(t.is_contiguous(), ErrorCode::kInvalidArgument, op, ": ", name,
+          " must be contiguous, got ", t.to_string(), " with non-dense strides");
+}
+
+void check_storage(const char* op, const char* name, const TensorView& t) {
+  require(t.ndim >= 0 && t.ndim <= kMaxDims, ErrorCode::kInvalidArgument, op, ": ", name,
+          " has an invalid rank ", t.ndim);
+  for (int d = 0; d < t.ndim; ++d) {
+    require(t.shape[d] >= 0, ErrorCode::kInvalidArgument, op, ": ", name,
+            " must have non-negative sizes, got ", shape_string(t));
+    require(t.strides[d] >= 0, ErrorCode::kInvalidArgument, op, ": ", name,
+            " must have non-negative strides, got stride ", t.strides[d], " in dimension ", d);
+  }
+  require(t.numel() == 0 || t.data != nullptr, ErrorCode::kInvalidArgument, op, ": ", name,
+          " has no data pointer but ", t.numel(), " elements");
+}
+
+void check_device(const char* op, const char* name, const TensorView& t, Device expected) {
+  require(t.device == expected, ErrorCode::kInvalidArgument, op, ": ", name, " must be on ",
+          device_name(expected), ", got ", device_name(t.device));
+}
+
+void check_float_activation(const char* op, const char* name, const TensorView& t) {
+  check_dtype(op, name, t, {DType::kF32, DType::kF16, DType::kBF16});
+}
+
+}  // namespace mlakit::detail
+
+namespace mlakit::detail {
+
+Device common_device(const char* op, std::initializer_list<NamedTensor> tensors) {
+  if (tensors.size() == 0) return Device::cpu();
+  const NamedTensor& first = *tensors.begin();
+  for (const NamedTensor& t : tensors) {
+    require(t.tensor->device == first.tensor->device, ErrorCode::kInvalidArgument, op, ": ",
+            t.name, " is on ", device_name(t.tensor->device), " but ", first.name, " is on ",
+            device_name(first.tensor->device), "; all tensors must be on one device");
+  }
+  return first.tensor->device;
+}
+
+void unsupported_device(const char* op, Device device) {
+  fail(ErrorCode::kUnsupported,
+       str_cat(op, ": no kernel for ", device_name(device), " in this build",
+               device.is_cuda() ? " (the CUDA backend does not implement this op yet)" : ""));
+}
+
+}  // namespace mlakit::detail

@@ -1,0 +1,19 @@
+// Device memory in a build without CUDA: there is no device to allocate on.
+#include "core/check.hpp"
+#include "core/device_memory.hpp"
+
+namespace mlakit::detail {
+
+void* device_malloc(Device device, int64_t bytes) {
+  fail(ErrorCode::kUnsupported, str_cat("cannot allocate ", bytes, " bytes on ",
+                                        device_name(device), ": mlakit was built without CUDA"));
+}
+
+void device_free(Device, void*) noexcept {}
+
+void device_memset_zero(Device device, void*, int64_t) {
+  fail(ErrorCode::kUnsupported,
+       str_cat("cannot use ", device_name(device), ": mlakit was built without CUDA"));
+}
+
+}  // namespace mlakit::detail

@@ -1,0 +1,72 @@
+#include "mlakit/kv_cache.hpp"
+
+#include "core/check.hpp"
+
+namespace mlakit {
+
+using detail::require;
+
+DType KvCacheSpec::storage_dtype() const {
+  return kv_dtype == KvCacheDType::kAuto ? act_dtype : DType::kU8;
+}
+
+int64_t KvCacheSpec::entry_width() const {
+  return kv_dtype == KvCacheDType::kFp8DsMla ? kDsMlaEntryBytes : dims.entry_dim();
+}
+
+int64_t KvCacheSpec::entry_bytes() const { return entry_width() * dtype_size(storage_dtype()); }
+
+std::array<int64_t, 3> KvCacheSpec::cache_shape() const {
+  return {num_blocks, block_size, entry_width()};
+}
+
+void KvCacheSpec::validate() const {
+  dims.validate();
+  require(act_dtype == DType::kF32 || act_dtype == DType::kF16 || act_dtype == DType::kBF16,
+          ErrorCode::kInvalidArgument, "KvCacheSpec: act_dtype must be f32, f16 or bf16, got ",
+          dtype_name(act_dtype));
+  require(block_size > 0, ErrorCode::kInvalidArgument,
+          "KvCacheSpec: block_size must be > 0, got ", block_size);
+  require(num_blocks >= 0, ErrorCode::kInvalidArgument,
+          "KvCacheSpec: num_blocks must be >= 0, got ", num_blocks);
+  if (kv_dtype == KvCacheDType::kFp8DsMla) {
+    require(dims.kv_lora_rank == kDsMlaKvLoraRank, ErrorCode::kInvalidArgument,
+            "KvCacheSpec: kv_lora_rank must be 512 for fp8_ds_mla, got ", dims.kv_lora_rank);
+    require(dims.qk_rope_head_dim == kDsMlaRopeDim, ErrorCode::kInvalidArgument,
+            "KvCacheSpec: qk_rope_head_dim must be 64 for fp8_ds_mla, got ",
+            dims.qk_rope_head_dim);
+    require(is_float16(act_dtype), ErrorCode::kInvalidArgument,
+            "KvCacheSpec: fp8_ds_mla needs a 16-bit activation dtype, got ",
+            dtype_name(act_dtype));
+  }
+}
+
+void check_kv_cache(const char* op, const TensorView& cache, KvCacheDType kv_dtype,
+                    const MlaDims& dims) {
+  detail::check_storage(op, "kv_cache", cache);
+  detail::check_ndim(op, "kv_cache", cache, 3);
+  switch (kv_dtype) {
+    case KvCacheDType::kAuto:
+      detail::check_float_activation(op, "kv_cache (kv_cache_dtype auto)", cache);
+      detail::check_size(op, "kv_cache", cache, 2, dims.entry_dim());
+      break;
+    case KvCacheDType::kFp8E4m3:
+      detail::check_dtype(op, "kv_cache (kv_cache_dtype fp8_e4m3)", cache,
+                          {DType::kU8, DType::kFp8E4m3});
+      detail::check_size(op, "kv_cache", cache, 2, dims.entry_dim());
+      break;
+    case KvCacheDType::kFp8DsMla:
+      require(dims.kv_lora_rank == kDsMlaKvLoraRank, ErrorCode::kInvalidArgument, op,
+              ": kv_lora_rank must be 512 for fp8_ds_mla, got ", dims.kv_lora_rank);
+      require(dims.qk_rope_head_dim == kDsMlaRopeDim, ErrorCode::kInvalidArgument, op,
+              ": qk_rope_head_dim must be 64 for fp8_ds_mla, got ", dims.qk_rope_head_dim);
+      detail::check_dtype(op, "kv_cache (kv_cache_dtype fp8_ds_mla)", cache, {DType::kU8});
+      detail::check_size(op, "kv_cache", cache, 2, kDsMlaEntryBytes);
+      break;
+  }
+  detail::check_inner_contiguous(op, "kv_cache", cache);
+  require(cache.size(1) > 0, ErrorCode::kInvalidArgument, op,
+          ": kv_cache block_size (shape[1]) must be > 0");
+}
+
+}  // namespace mlakit

@@ -1,0 +1,105 @@
+// Conversions checked against values derived independently of the conversion code.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <limits>
+
+#include "common/test_util.hpp"
+#include "mlakit/dtype.hpp"
+#include "mlakit/error.hpp"
+#include "mlakit/types.hpp"
+
+namespace mlakit {
+namespace {
+
+// e4m3fn by definition: sign, 4 exponent bits (bias 7), 3 mantissa bits; 0x7f/0xff NaN.
+double e4m3_by_definition(int b) {
+  const int e = (b >> 3) & 15, m = b & 7;
+  if (e == 15 && m == 7) return std::nan("");
+  const double mag = e == 0 ? std::ldexp(m, -9) : std::ldexp(1.0 + m / 8.0, e - 7);
+  return (b & 0x80) ? -mag : mag;
+}
+
+TEST(DType, E4m3DecodeMatchesDefinition) {
+  for (int b = 0; b < 256; ++b) {
+    const double expected = e4m3_by_definition(b);
+    const float got = e4m3_bits_to_float(static_cast<uint8_t>(b));
+    if (std::isnan(expected)) {
+      EXPECT_TRUE(std::isnan(got)) << b;
+    } else {
+      EXPECT_EQ(got, expected) << b;
+    }
+  }
+}
+
+// Nearest e4m3 value by exhaustive search, ties to the even mantissa, saturating at 448.
+uint8_t e4m3_nearest(double x) {
+  if (std::isnan(x)) return 0x7f;
+  const double a = std::min(std::fabs(x), 448.0);
+  int best = 0;
+  double best_err = std::numeric_limits<double>::infinity();
+  for (int b = 0; b < 0x7f; ++b) {
+    const double err = std::fabs(e4m3_by_definition(b) - a);
+    if (err < best_err || (err == best_err && (b & 1) == 0)) {
+      best = b;
+      best_err = err;
+    }
+  }
+  return static_cast<uint8_t>(best | (std::signbit(x) ? 0x80 : 0));
+}
+
+TEST(DType, E4m3EncodeIsNearestEvenSaturating) {
+  auto rng = test::make_rng(1);
+  std::uniform_real_distribution<double> log_mag(-12, 10);
+  for (int i = 0; i < 20000; ++i) {
+    const float x = static_cast<float>((i & 1 ? -1 : 1) * std::exp2(log_mag(rng)));
+    EXPECT_EQ(float_to_e4m3_bits(x), e4m3_nearest(x)) << x;
+  }
+  // Midpoints between neighbours round to the even mantissa.
+  for (int b = 0; b < 0x7e; ++b) {
+    const double mid = (e4m3_by_definition(b) + e4m3_by_definition(b + 1)) / 2;
+    EXPECT_EQ(float_to_e4m3_bits(static_cast<float>(mid)), (b & 1) ? b + 1 : b) << mid;
+  }
+  EXPECT_EQ(float_to_e4m3_bits(1e9f), 0x7e);
+  EXPECT_EQ(float_to_e4m3_bits(-std::numeric_limits<float>::infinity()), 0xfe);
+  EXPECT_TRUE(std::isnan(e4m3_bits_to_float(float_to_e4m3_bits(NAN))));
+}
+
+TEST(DType, Bf16AndF16RoundTripAndTies) {
+  // 1 + 2^-8 is the midpoint between bf16 neighbours 1 and 1 + 2^-7: ties to even (1).
+  EXPECT_EQ(bf16_bits_to_float(float_to_bf16_bits(1.0f + std::ldexp(1.0f, -8))), 1.0f);
+  EXPECT_EQ(bf16_bits_to_float(float_to_bf16_bits(1.0f + 3 * std::ldexp(1.0f, -8))),
+            1.0f + std::ldexp(1.0f, -6));
+  EXPECT_EQ(f16_bits_to_float(float_to_f16_bits(1.0f + std::ldexp(1.0f, -11))), 1.0f);
+  EXPECT_EQ(f16_bits_to_float(float_to_f16_bits(65504.0f)), 65504.0f);
+  EXPECT_TRUE(std::isinf(f16_bits_to_float(float_to_f16_bits(65520.0f))));
+  EXPECT_EQ(f16_bits_to_float(float_to_f16_bits(std::ldexp(1.0f, -24))), std::ldexp(1.0f, -24));
+  for (uint32_t h = 0; h < 0x7c00; ++h) {  // every finite positive half survives a round trip
+    EXPECT_EQ(float_to_f16_bits(f16_bits_to_float(static_cast<uint16_t>(h))), h);
+  }
+  for (uint32_t b = 0; b < 0x7f80; b += 7) {
+    EXPECT_EQ(float_to_bf16_bits(bf16_bits_to_float(static_cast<uint16_t>(b))), b);
+  }
+}
+
+TEST(TensorView, NarrowTransposeReshape) {
+  Tensor t = Tensor::empty({4, 3, 5}, DType::kF32);
+  EXPECT_TRUE(t.view().is_contiguous());
+  TensorView n = t.view().narrow(2, 1, 3);
+  EXPECT_EQ(n.size(2), 3);
+  EXPECT_EQ(n.stride(1), 5);
+  EXPECT_FALSE(n.is_contiguous());
+  TensorView tr = t.view().transpose(0, 1);
+  EXPECT_EQ(tr.size(0), 3);
+  EXPECT_EQ(tr.stride(0), 5);
+  MLAKIT_EXPECT_THROW_MSG(t.view().narrow(1, 2, 2), "out of range");
+  MLAKIT_EXPECT_THROW_MSG(n.reshape({12}), "contiguous");
+  EXPECT_EQ(t.view().reshape({12, 5}).size(0), 12);
+#ifndef MLAKIT_WITH_CUDA
+  MLAKIT_EXPECT_THROW_MSG(Tensor::empty({2}, DType::kF32, Device::cuda()),
+                          "built without CUDA");
+#endif
+}
+
+}  // namespace
+}  // namespace mlakit
