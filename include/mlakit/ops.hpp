@@ -122,6 +122,12 @@ void mla_prefill(const TensorView& q, const TensorView& k_nope, const TensorView
                  float scale, bool causal, const TensorView& out,
                  const std::optional<TensorView>& lse_heads_tokens, Stream stream = {});
 
+// ---- Elementwise helpers -------------------------------------------------------------------------
+// dst = src converted to dst's dtype (f32/f16/bf16, RNE); same shape, any strides.
+void copy(const TensorView& src, const TensorView& dst, Stream stream = {});
+// Every element of dst becomes 0 (any dtype, any strides).
+void fill_zero(const TensorView& dst, Stream stream = {});
+
 // ---- GEMMs (BLAS on CPU, cuBLAS on GPU) ----------------------------------------------------------
 // c[b] = a[b] @ w[b] for every batch index b, f32 accumulation.
 // a: [batch, M, K]  w: [batch, K, Ncol]  c: [batch, M, Ncol]

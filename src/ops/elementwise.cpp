@@ -1,0 +1,29 @@
+#include "core/check.hpp"
+#include "cpu/elementwise.hpp"
+#include "mlakit/ops.hpp"
+
+namespace mlakit::ops {
+
+void copy(const TensorView& src, const TensorView& dst, Stream) {
+  constexpr const char* kOp = "copy";
+  detail::check_storage(kOp, "src", src);
+  detail::check_storage(kOp, "dst", dst);
+  detail::check_float_activation(kOp, "src", src);
+  detail::check_float_activation(kOp, "dst", dst);
+  detail::require(src.ndim == dst.ndim, ErrorCode::kInvalidArgument, kOp,
+                  ": src and dst must have the same rank, got ", src.to_string(), " and ",
+                  dst.to_string());
+  for (int d = 0; d < src.ndim; ++d) detail::check_size(kOp, "dst", dst, d, src.shape[d]);
+  const Device device = detail::common_device(kOp, {{"src", &src}, {"dst", &dst}});
+  if (!device.is_cpu()) detail::unsupported_device(kOp, device);
+  cpu::copy(src, dst);
+}
+
+void fill_zero(const TensorView& dst, Stream) {
+  constexpr const char* kOp = "fill_zero";
+  detail::check_storage(kOp, "dst", dst);
+  if (!dst.device.is_cpu()) detail::unsupported_device(kOp, dst.device);
+  cpu::fill_zero(dst);
+}
+
+}  // namespace mlakit::ops
