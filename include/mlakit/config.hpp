@@ -17,7 +17,7 @@ struct MlaDims {
   int64_t qk_nope_head_dim = 128;  // P: non-rotary q/k part per head
   int64_t v_head_dim = 128;        // V: value width per head
 
-  int64_t entry_dim() const { return kv_lora_rank + qk_rope_head_dim; }       // L + R (576)
+  int64_t entry_dim() const { return kv_lora_rank + qk_rope_head_dim; }        // L + R (576)
   int64_t qk_head_dim() const { return qk_nope_head_dim + qk_rope_head_dim; }  // P + R (192)
   int64_t kv_b_out_dim() const { return qk_nope_head_dim + v_head_dim; }       // P + V (256)
 

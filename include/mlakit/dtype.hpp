@@ -35,8 +35,9 @@ inline float bits_float(uint32_t u) {
 
 inline uint16_t float_to_bf16_bits(float x) {
   uint32_t u = float_bits(x);
-  if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((u >> 16) | 0x40u);  // quiet NaN
-  u += 0x7fffu + ((u >> 16) & 1u);  // round to nearest, ties to even
+  if ((u & 0x7fffffffu) > 0x7f800000u)
+    return static_cast<uint16_t>((u >> 16) | 0x40u);  // quiet NaN
+  u += 0x7fffu + ((u >> 16) & 1u);                    // round to nearest, ties to even
   return static_cast<uint16_t>(u >> 16);
 }
 inline float bf16_bits_to_float(uint16_t b) { return bits_float(static_cast<uint32_t>(b) << 16); }

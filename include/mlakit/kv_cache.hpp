@@ -18,14 +18,14 @@
 
 namespace mlakit {
 
-inline constexpr int64_t kDsMlaNopeBytes = 512;     // 512 fp8 NoPE values
-inline constexpr int64_t kDsMlaTileSize = 128;      // NoPE values per scale
-inline constexpr int64_t kDsMlaNumTiles = 4;        // 512 / 128
-inline constexpr int64_t kDsMlaScaleOffset = 512;   // bytes: scales follow the NoPE values
-inline constexpr int64_t kDsMlaRopeOffset = 528;    // bytes: 512 + 4 * sizeof(float)
-inline constexpr int64_t kDsMlaEntryBytes = 656;    // 528 + 64 * 2
-inline constexpr int64_t kDsMlaKvLoraRank = 512;    // the only L the layout supports
-inline constexpr int64_t kDsMlaRopeDim = 64;        // the only R the layout supports
+inline constexpr int64_t kDsMlaNopeBytes = 512;    // 512 fp8 NoPE values
+inline constexpr int64_t kDsMlaTileSize = 128;     // NoPE values per scale
+inline constexpr int64_t kDsMlaNumTiles = 4;       // 512 / 128
+inline constexpr int64_t kDsMlaScaleOffset = 512;  // bytes: scales follow the NoPE values
+inline constexpr int64_t kDsMlaRopeOffset = 528;   // bytes: 512 + 4 * sizeof(float)
+inline constexpr int64_t kDsMlaEntryBytes = 656;   // 528 + 64 * 2
+inline constexpr int64_t kDsMlaKvLoraRank = 512;   // the only L the layout supports
+inline constexpr int64_t kDsMlaRopeDim = 64;       // the only R the layout supports
 
 struct KvCacheSpec {
   MlaDims dims;

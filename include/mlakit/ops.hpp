@@ -71,8 +71,9 @@ void merge_attn_states(const TensorView& output,
                        const TensorView& suffix_output, const TensorView& suffix_lse_heads_tokens,
                        Stream stream = {});
 
-// ---- fp8 static quantization (decode q; spec A.6, F-37) ------------------------------------------
-// out = e4m3(clamp(x * (1 / scale), -448, 448)); x: any float dtype, out: kFp8E4m3/kU8, same shape.
+// ---- fp8 static quantization (decode q; spec A.6, F-37)
+// ------------------------------------------ out = e4m3(clamp(x * (1 / scale), -448, 448)); x: any
+// float dtype, out: kFp8E4m3/kU8, same shape.
 void scaled_fp8_quant(const TensorView& x, const TensorView& out, float scale, Stream stream = {});
 
 // ---- Absorbed MQA decode (spec A.6, C.3, C.4, C.7) ----------------------------------------------
@@ -104,12 +105,11 @@ void mla_decode(const TensorView& q, const TensorView& kv_cache, const TensorVie
                 const TensorView& seq_lens, const TensorView& out,
                 const TensorView& lse_tokens_heads, const DecodeParams& params);
 
-// ---- Varlen MHA prefill, d_qk = P + R, d_v = V, no V padding (spec A.5) ---------------------------
-// Request b has queries [cu_seqlens_q[b], cu_seqlens_q[b+1]) and keys [cu_seqlens_k[b],
-// cu_seqlens_k[b+1]). K of head n is [k_nope[s, n, :] | k_pe[s, :]] (k_pe shared by all heads).
-// Causal masking is bottom-right: query i of a request with sq queries and sk keys sees keys
-// [0, sk - sq + i]. A query with no visible key gets out 0 and lse -inf.
-// q:            [T, N, P + R]
+// ---- Varlen MHA prefill, d_qk = P + R, d_v = V, no V padding (spec A.5)
+// --------------------------- Request b has queries [cu_seqlens_q[b], cu_seqlens_q[b+1]) and keys
+// [cu_seqlens_k[b], cu_seqlens_k[b+1]). K of head n is [k_nope[s, n, :] | k_pe[s, :]] (k_pe shared
+// by all heads). Causal masking is bottom-right: query i of a request with sq queries and sk keys
+// sees keys [0, sk - sq + i]. A query with no visible key gets out 0 and lse -inf. q: [T, N, P + R]
 // k_nope:       [S, N, P]  (any strides, last dim contiguous; e.g. a view of kv_b_proj output)
 // k_pe:         [S, R]
 // v:            [S, N, V]
@@ -122,17 +122,18 @@ void mla_prefill(const TensorView& q, const TensorView& k_nope, const TensorView
                  float scale, bool causal, const TensorView& out,
                  const std::optional<TensorView>& lse_heads_tokens, Stream stream = {});
 
-// ---- Elementwise helpers -------------------------------------------------------------------------
-// dst = src converted to dst's dtype (f32/f16/bf16, RNE); same shape, any strides.
+// ---- Elementwise helpers
+// ------------------------------------------------------------------------- dst = src converted to
+// dst's dtype (f32/f16/bf16, RNE); same shape, any strides.
 void copy(const TensorView& src, const TensorView& dst, Stream stream = {});
 // Every element of dst becomes 0 (any dtype, any strides).
 void fill_zero(const TensorView& dst, Stream stream = {});
 
-// ---- GEMMs (BLAS on CPU, cuBLAS on GPU) ----------------------------------------------------------
-// c[b] = a[b] @ w[b] for every batch index b, f32 accumulation.
-// a: [batch, M, K]  w: [batch, K, Ncol]  c: [batch, M, Ncol]
-// Any strides; the innermost dimension of each operand must be contiguous or the second one
-// (a transposed matrix). Used for q absorption (a = q_nope^T per head, w = W_UK_T), the V
+// ---- GEMMs (BLAS on CPU, cuBLAS on GPU)
+// ---------------------------------------------------------- c[b] = a[b] @ w[b] for every batch
+// index b, f32 accumulation. a: [batch, M, K]  w: [batch, K, Ncol]  c: [batch, M, Ncol] Any
+// strides; the innermost dimension of each operand must be contiguous or the second one (a
+// transposed matrix). Used for q absorption (a = q_nope^T per head, w = W_UK_T), the V
 // up-projection (a = o_lat^T per head, w = W_UV) and kv_b_proj (batch 1, w = weight^T).
 void batched_matmul(const TensorView& a, const TensorView& w, const TensorView& c,
                     Stream stream = {});

@@ -94,15 +94,15 @@ struct Plan {
   SplitCounts split;
 
   // Decode part: requests [0, num_decodes), tokens [0, num_decode_tokens).
-  int64_t decode_query_len = 0;          // common q_len of the decodes (uniform), else 0
+  int64_t decode_query_len = 0;  // common q_len of the decodes (uniform), else 0
   int64_t max_decode_query_len = 0;
-  DecodeSchedule decode_schedule;        // over seq_lens[0 : num_decodes]
+  DecodeSchedule decode_schedule;  // over seq_lens[0 : num_decodes]
 
   // Prefill part: requests [num_decodes, R), tokens [num_decode_tokens, T).
   std::vector<int32_t> prefill_query_start_loc;  // [np + 1], rebased to 0
   int64_t prefill_max_query_len = 0;
-  std::vector<int32_t> prefill_context_lens;     // [np] seq_len - query_len
-  std::vector<ContextChunk> context_chunks;      // empty when no prefill has context
+  std::vector<int32_t> prefill_context_lens;  // [np] seq_len - query_len
+  std::vector<ContextChunk> context_chunks;   // empty when no prefill has context
 
   bool has_context() const { return !context_chunks.empty(); }
 };

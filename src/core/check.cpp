@@ -80,8 +80,8 @@ Device common_device(const char* op, std::initializer_list<NamedTensor> tensors)
   if (tensors.size() == 0) return Device::cpu();
   const NamedTensor& first = *tensors.begin();
   for (const NamedTensor& t : tensors) {
-    require(t.tensor->device == first.tensor->device, ErrorCode::kInvalidArgument, op, ": ",
-            t.name, " is on ", device_name(t.tensor->device), " but ", first.name, " is on ",
+    require(t.tensor->device == first.tensor->device, ErrorCode::kInvalidArgument, op, ": ", t.name,
+            " is on ", device_name(t.tensor->device), " but ", first.name, " is on ",
             device_name(first.tensor->device), "; all tensors must be on one device");
   }
   return first.tensor->device;

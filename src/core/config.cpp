@@ -1,5 +1,6 @@
-#include "core/check.hpp"
 #include "mlakit/config.hpp"
+
+#include "core/check.hpp"
 
 namespace mlakit {
 
@@ -8,8 +9,8 @@ using detail::require;
 void MlaDims::validate() const {
   require(num_heads > 0, ErrorCode::kInvalidArgument, "MlaDims: num_heads must be > 0, got ",
           num_heads);
-  require(kv_lora_rank > 0, ErrorCode::kInvalidArgument,
-          "MlaDims: kv_lora_rank must be > 0, got ", kv_lora_rank);
+  require(kv_lora_rank > 0, ErrorCode::kInvalidArgument, "MlaDims: kv_lora_rank must be > 0, got ",
+          kv_lora_rank);
   require(qk_rope_head_dim > 0, ErrorCode::kInvalidArgument,
           "MlaDims: qk_rope_head_dim must be > 0, got ", qk_rope_head_dim);
   require(qk_nope_head_dim > 0, ErrorCode::kInvalidArgument,

@@ -1,7 +1,7 @@
+#include "mlakit/dtype.hpp"
+
 #include <array>
 #include <cmath>
-
-#include "mlakit/dtype.hpp"
 
 namespace mlakit {
 
@@ -54,7 +54,7 @@ uint16_t float_to_f16_bits(float x) {
     // Scaling by 2^24 is exact; nearbyint rounds to nearest-even in the default mode.
     return sign | static_cast<uint16_t>(std::nearbyint(bits_float(abs) * 16777216.0f));
   }
-  const uint32_t rounded = abs + 0xfffu + ((abs >> 13) & 1u);  // drop 13 mantissa bits, RNE
+  const uint32_t rounded = abs + 0xfffu + ((abs >> 13) & 1u);          // drop 13 mantissa bits, RNE
   return sign | static_cast<uint16_t>((rounded - 0x38000000u) >> 13);  // rebias 127 -> 15
 }
 

@@ -25,19 +25,17 @@ void KvCacheSpec::validate() const {
   require(act_dtype == DType::kF32 || act_dtype == DType::kF16 || act_dtype == DType::kBF16,
           ErrorCode::kInvalidArgument, "KvCacheSpec: act_dtype must be f32, f16 or bf16, got ",
           dtype_name(act_dtype));
-  require(block_size > 0, ErrorCode::kInvalidArgument,
-          "KvCacheSpec: block_size must be > 0, got ", block_size);
+  require(block_size > 0, ErrorCode::kInvalidArgument, "KvCacheSpec: block_size must be > 0, got ",
+          block_size);
   require(num_blocks >= 0, ErrorCode::kInvalidArgument,
           "KvCacheSpec: num_blocks must be >= 0, got ", num_blocks);
   if (kv_dtype == KvCacheDType::kFp8DsMla) {
     require(dims.kv_lora_rank == kDsMlaKvLoraRank, ErrorCode::kInvalidArgument,
             "KvCacheSpec: kv_lora_rank must be 512 for fp8_ds_mla, got ", dims.kv_lora_rank);
     require(dims.qk_rope_head_dim == kDsMlaRopeDim, ErrorCode::kInvalidArgument,
-            "KvCacheSpec: qk_rope_head_dim must be 64 for fp8_ds_mla, got ",
-            dims.qk_rope_head_dim);
+            "KvCacheSpec: qk_rope_head_dim must be 64 for fp8_ds_mla, got ", dims.qk_rope_head_dim);
     require(is_float16(act_dtype), ErrorCode::kInvalidArgument,
-            "KvCacheSpec: fp8_ds_mla needs a 16-bit activation dtype, got ",
-            dtype_name(act_dtype));
+            "KvCacheSpec: fp8_ds_mla needs a 16-bit activation dtype, got ", dtype_name(act_dtype));
   }
 }
 

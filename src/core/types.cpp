@@ -1,10 +1,11 @@
+#include "mlakit/types.hpp"
+
 #include <cstdlib>
 #include <cstring>
 #include <numeric>
 
 #include "core/check.hpp"
 #include "core/device_memory.hpp"
-#include "mlakit/types.hpp"
 
 namespace mlakit {
 
@@ -56,8 +57,7 @@ TensorView TensorView::contiguous(void* data, DType dtype, std::initializer_list
 TensorView TensorView::strided(void* data, DType dtype, std::initializer_list<int64_t> shape,
                                std::initializer_list<int64_t> strides, Device device) {
   require(shape.size() == strides.size(), ErrorCode::kInvalidArgument,
-          "shape and strides must have the same rank, got ", shape.size(), " and ",
-          strides.size());
+          "shape and strides must have the same rank, got ", shape.size(), " and ", strides.size());
   TensorView t = contiguous(data, dtype, shape, device);
   int d = 0;
   for (int64_t s : strides) t.strides[d++] = s;

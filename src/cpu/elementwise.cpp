@@ -44,7 +44,8 @@ void fill_zero(const TensorView& dst) {
       std::memset(dst.element_ptr(d0), 0, inner * elem);
       return;
     }
-    for (int64_t i = 0; i < inner; ++i) std::memset(dst.element_ptr(d0 + i * inner_stride), 0, elem);
+    for (int64_t i = 0; i < inner; ++i)
+      std::memset(dst.element_ptr(d0 + i * inner_stride), 0, elem);
   });
 }
 

@@ -1,5 +1,6 @@
-#include "core/check.hpp"
 #include "cpu/elementwise.hpp"
+
+#include "core/check.hpp"
 #include "mlakit/ops.hpp"
 
 namespace mlakit::ops {

@@ -138,9 +138,9 @@ Tolerance tolerance_for(DType dtype) {
 ::testing::AssertionResult all_close(const TensorView& actual, std::span<const double> expected,
                                      Tolerance tol) {
   if (static_cast<int64_t>(expected.size()) != actual.numel()) {
-    return ::testing::AssertionFailure() << "size mismatch: actual " << actual.to_string()
-                                         << " has " << actual.numel() << " elements, expected "
-                                         << expected.size();
+    return ::testing::AssertionFailure()
+           << "size mismatch: actual " << actual.to_string() << " has " << actual.numel()
+           << " elements, expected " << expected.size();
   }
   int64_t bad = 0, worst = -1;
   double worst_excess = -1;

@@ -52,15 +52,15 @@ Tolerance tolerance_for(DType dtype);
 }  // namespace mlakit::test
 
 // Expects `statement` to throw mlakit::Error whose message contains `substring`.
-#define MLAKIT_EXPECT_THROW_MSG(statement, substring)                                    \
-  do {                                                                                   \
-    bool mlakit_threw_ = false;                                                          \
-    try {                                                                                \
-      statement;                                                                         \
-    } catch (const ::mlakit::Error& e) {                                                 \
-      mlakit_threw_ = true;                                                              \
-      EXPECT_NE(std::string(e.what()).find(substring), std::string::npos)                \
-          << "message was: " << e.what();                                                \
-    }                                                                                    \
+#define MLAKIT_EXPECT_THROW_MSG(statement, substring)                                          \
+  do {                                                                                         \
+    bool mlakit_threw_ = false;                                                                \
+    try {                                                                                      \
+      statement;                                                                               \
+    } catch (const ::mlakit::Error& e) {                                                       \
+      mlakit_threw_ = true;                                                                    \
+      EXPECT_NE(std::string(e.what()).find(substring), std::string::npos)                      \
+          << "message was: " << e.what();                                                      \
+    }                                                                                          \
     EXPECT_TRUE(mlakit_threw_) << "expected mlakit::Error containing '" << (substring) << "'"; \
   } while (0)

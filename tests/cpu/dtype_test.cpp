@@ -1,11 +1,12 @@
 // Conversions checked against values derived independently of the conversion code.
+#include "mlakit/dtype.hpp"
+
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <limits>
 
 #include "common/test_util.hpp"
-#include "mlakit/dtype.hpp"
 #include "mlakit/error.hpp"
 #include "mlakit/types.hpp"
 
@@ -96,8 +97,7 @@ TEST(TensorView, NarrowTransposeReshape) {
   MLAKIT_EXPECT_THROW_MSG(n.reshape({12}), "contiguous");
   EXPECT_EQ(t.view().reshape({12, 5}).size(0), 12);
 #ifndef MLAKIT_WITH_CUDA
-  MLAKIT_EXPECT_THROW_MSG(Tensor::empty({2}, DType::kF32, Device::cuda()),
-                          "built without CUDA");
+  MLAKIT_EXPECT_THROW_MSG(Tensor::empty({2}, DType::kF32, Device::cuda()), "built without CUDA");
 #endif
 }
 

@@ -55,8 +55,8 @@ AttentionResult attention(std::span<const double> q, std::span<const double> k,
 AttentionResult mla_mha(const MlaWeights& w, std::span<const double> q,
                         std::span<const double> kv_c, std::span<const double> k_pe, int64_t sq,
                         int64_t sk, double scale) {
-  const int64_t n = w.num_heads, l = w.kv_lora_rank, p = w.qk_nope_head_dim,
-                r = w.qk_rope_head_dim, vd = w.v_head_dim;
+  const int64_t n = w.num_heads, l = w.kv_lora_rank, p = w.qk_nope_head_dim, r = w.qk_rope_head_dim,
+                vd = w.v_head_dim;
   const int64_t dqk = p + r;
   if (static_cast<int64_t>(w.kv_b_proj.size()) != n * (p + vd) * l ||
       static_cast<int64_t>(kv_c.size()) != sk * l || static_cast<int64_t>(k_pe.size()) != sk * r) {

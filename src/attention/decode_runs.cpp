@@ -1,0 +1,49 @@
+#include "attention/decode_runs.hpp"
+
+#include "core/check.hpp"
+
+namespace mlakit::detail {
+
+DecodeRuns decode_runs(const Plan& plan, std::span<const int32_t> query_start_loc,
+                       std::span<const int32_t> seq_lens, int64_t block_size, int64_t num_workers) {
+  DecodeRuns result;
+  const int64_t nd = plan.split.num_decodes, td = plan.split.num_decode_tokens;
+  if (nd == 0) return result;
+  auto q_len = [&](int64_t b) { return int64_t{query_start_loc[b + 1] - query_start_loc[b]}; };
+
+  // Uniform: one q_len s for every decode, padding requests (q_len 0, seq_len 0) included.
+  const int64_t s = q_len(0);
+  bool uniform = s > 0 && nd * s == td;
+  for (int64_t b = 0; b < nd && uniform; ++b) {
+    uniform = q_len(b) == s || (q_len(b) == 0 && seq_lens[b] == 0);
+  }
+  if (uniform) {
+    DecodeRun run{0, nd, 0, s, {}};
+    run.schedule =
+        plan.split.num_decodes == static_cast<int64_t>(plan.decode_schedule.split_len.size())
+            ? plan.decode_schedule
+            : plan_decode_splits(seq_lens.subspan(0, nd), block_size, num_workers);
+    result.runs.push_back(std::move(run));
+    result.first_padding_token = td;
+    return result;
+  }
+
+  for (int64_t b = 0; b < nd;) {
+    const int64_t len = q_len(b);
+    int64_t e = b + 1;
+    while (e < nd && q_len(e) == len) ++e;
+    if (len > 0) {
+      DecodeRun run{b, e - b, query_start_loc[b], len, {}};
+      run.schedule = plan_decode_splits(seq_lens.subspan(b, e - b), block_size, num_workers);
+      result.runs.push_back(std::move(run));
+    }
+    b = e;
+  }
+  result.first_padding_token = query_start_loc[nd];
+  require(result.first_padding_token <= td, ErrorCode::kInternal,
+          "decode_runs: decode requests hold ", result.first_padding_token,
+          " tokens but the split counted ", td);
+  return result;
+}
+
+}  // namespace mlakit::detail
