@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# The tests: installs dependencies, then
+#   1. Release build with warnings as errors, all tests (GPU tests skip without a GPU);
+#   2. AddressSanitizer + UndefinedBehaviorSanitizer build, all CPU tests;
+#   3. when nvcc exists: the CUDA backend compiled for sm_90a (and its tests run, which skip
+#      cleanly on a machine without a GPU).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/bootstrap.sh
+JOBS=$(nproc)
+
+echo "== release build (-Werror) =="
+cmake --preset release > /dev/null
+cmake --build --preset release -j "$JOBS"
+ctest --preset release -j "$JOBS"
+
+echo "== ASan + UBSan build =="
+cmake --preset asan > /dev/null
+cmake --build --preset asan -j "$JOBS"
+ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 ctest --preset asan -j "$JOBS"
+
+if command -v nvcc > /dev/null 2>&1 || [ -x /usr/local/cuda/bin/nvcc ]; then
+  echo "== CUDA backend (sm_90a) =="
+  export PATH="/usr/local/cuda/bin:$PATH"
+  cmake --preset cuda > /dev/null
+  cmake --build --preset cuda -j "$JOBS"
+  ctest --preset cuda -j "$JOBS" -L cuda
+else
+  echo "== CUDA backend: skipped (no nvcc on this machine) =="
+fi

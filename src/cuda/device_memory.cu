@@ -1,0 +1,53 @@
+// Device memory for Tensor in CUDA builds.
+#include <cuda_runtime.h>
+
+#include "core/check.hpp"
+#include "core/device_memory.hpp"
+
+namespace mlakit::detail {
+
+namespace {
+void check_cuda(cudaError_t status, const char* what, Device device) {
+  require(status == cudaSuccess, ErrorCode::kBackend, what, " on ", device_name(device),
+          " failed: ", cudaGetErrorString(status));
+}
+
+// Makes `device` current for the duration of a call and restores the caller's device.
+class DeviceGuard {
+ public:
+  explicit DeviceGuard(Device device) {
+    cudaGetDevice(&previous_);
+    check_cuda(cudaSetDevice(device.index), "cudaSetDevice", device);
+  }
+  ~DeviceGuard() { cudaSetDevice(previous_); }
+
+ private:
+  int previous_ = 0;
+};
+}  // namespace
+
+void* device_malloc(Device device, int64_t bytes) {
+  require(device.is_cuda(), ErrorCode::kInternal, "device_malloc called for ",
+          device_name(device));
+  DeviceGuard guard(device);
+  void* ptr = nullptr;
+  check_cuda(cudaMalloc(&ptr, static_cast<size_t>(bytes)),
+             str_cat("cudaMalloc of ", bytes, " bytes").c_str(), device);
+  return ptr;
+}
+
+void device_free(Device device, void* ptr) noexcept {
+  if (ptr == nullptr) return;
+  int previous = 0;
+  cudaGetDevice(&previous);
+  cudaSetDevice(device.index);
+  cudaFree(ptr);
+  cudaSetDevice(previous);
+}
+
+void device_memset_zero(Device device, void* ptr, int64_t bytes) {
+  DeviceGuard guard(device);
+  check_cuda(cudaMemset(ptr, 0, static_cast<size_t>(bytes)), "cudaMemset", device);
+}
+
+}  // namespace mlakit::detail
