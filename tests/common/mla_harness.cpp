@@ -1,0 +1,244 @@
+#include "common/mla_harness.hpp"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cfloat>
+#include <cmath>
+#include <numeric>
+
+#include "common/test_util.hpp"
+#include "mlakit/kv_cache.hpp"
+#include "mlakit/ops.hpp"
+#include "reference/reference.hpp"
+
+namespace mlakit::test {
+
+namespace {
+
+int64_t cdiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+std::vector<double> random_values(std::mt19937_64& rng, int64_t n, double stddev, DType dtype) {
+  std::normal_distribution<double> dist(0.0, stddev);
+  std::vector<double> v(n);
+  for (double& x : v) x = round_to_dtype(static_cast<float>(dist(rng)), dtype);
+  return v;
+}
+
+// The value the cache returns for one stored element (spec A.2), computed independently of the
+// cache kernels: fp8 = e4m3(x / k_scale) * k_scale; ds_mla = e4m3(x / tile_scale) * tile_scale.
+void dequantize_like_cache(KvCacheDType kv, float k_scale, int64_t l, std::vector<double>& kv_c,
+                           int64_t tokens, std::vector<double>& k_pe, int64_t r) {
+  if (kv == KvCacheDType::kAuto) return;
+  for (int64_t t = 0; t < tokens; ++t) {
+    double* row = &kv_c[t * l];
+    if (kv == KvCacheDType::kFp8E4m3) {
+      for (int64_t j = 0; j < l; ++j)
+        row[j] = double(e4m3_bits_to_float(float_to_e4m3_bits(float(row[j]) / k_scale))) * k_scale;
+      for (int64_t j = 0; j < r; ++j) {
+        double& x = k_pe[t * r + j];
+        x = double(e4m3_bits_to_float(float_to_e4m3_bits(float(x) / k_scale))) * k_scale;
+      }
+      continue;
+    }
+    for (int64_t tile = 0; tile < l / kDsMlaTileSize; ++tile) {
+      float amax = 0;
+      for (int64_t j = 0; j < kDsMlaTileSize; ++j)
+        amax = std::max(amax, std::fabs(float(row[tile * kDsMlaTileSize + j])));
+      const float scale = std::max(amax / kFp8E4m3Max, FLT_MIN);
+      for (int64_t j = 0; j < kDsMlaTileSize; ++j) {
+        double& x = row[tile * kDsMlaTileSize + j];
+        x = double(e4m3_bits_to_float(float_to_e4m3_bits(float(x) / scale))) * scale;
+      }
+    }
+  }
+}
+
+Tolerance tolerance_for_case(const E2eCase& c, bool decode_row) {
+  Tolerance t = tolerance_for(c.act_dtype);
+  // Intermediates (k_nope, v, the absorbed q) are rounded to the activation dtype once more
+  // than the inputs: allow twice the single-rounding bound.
+  t.atol *= 2;
+  t.rtol *= 2;
+  if (c.kv_dtype == KvCacheDType::kFp8E4m3 && decode_row) {
+    // The decode query is itself quantized to e4m3 (3 mantissa bits, relative error <= 1/16),
+    // which the non-absorbed oracle cannot reproduce: scores move by ~scale*|q||k|/16/sqrt(D).
+    t.atol = std::max(t.atol, 0.1);
+    t.rtol = std::max(t.rtol, 0.1);
+  }
+  return t;
+}
+
+}  // namespace
+
+E2eResult run_e2e_case(const E2eCase& c) {
+  E2eResult result;
+  std::mt19937_64 rng = make_rng(c.seed_stream);
+  const MlaDims& d = c.dims;
+  const int64_t n = d.num_heads, l = d.kv_lora_rank, r = d.qk_rope_head_dim, p = d.qk_nope_head_dim,
+                v = d.v_head_dim, dqk = d.qk_head_dim();
+  const int64_t real_reqs = static_cast<int64_t>(c.seq_lens.size());
+  const int64_t all_reqs = real_reqs + c.padding_requests;
+  const int64_t bs = c.block_size;
+  const double scale = 1.0 / std::sqrt(double(dqk)) * 1.25;  // a model-like, non-default scale
+
+  // Weights, 1/sqrt(L) so that outputs are O(1) (spec D.1).
+  std::vector<double> w =
+      random_values(rng, n * (p + v) * l, 1.0 / std::sqrt(double(l)), c.act_dtype);
+  Tensor w_t = tensor_from(w, {n * (p + v), l}, c.act_dtype);
+  int32_t max_seq = 1;
+  for (int32_t s : c.seq_lens) max_seq = std::max(max_seq, s);
+
+  MlaAttentionConfig cfg;
+  cfg.dims = d;
+  cfg.scale = static_cast<float>(scale);
+  cfg.act_dtype = c.act_dtype;
+  cfg.kv_cache_dtype = c.kv_dtype;
+  cfg.block_size = bs;
+  cfg.decode_threshold = c.decode_threshold;
+  cfg.query_len_support = c.support;
+  cfg.workspace_tokens = c.workspace_tokens;
+  cfg.max_model_len = max_seq;
+  cfg.max_num_seqs = std::max<int64_t>(all_reqs, 1);
+  cfg.chunk_policy = c.chunk_policy;
+  MlaAttention attn(cfg, w_t);
+
+  // Paged cache: block 0 is a null block, blocks are handed out in a random order, and every
+  // byte starts as NaN so that a read of an unwritten slot shows.
+  int64_t blocks_needed = 0;
+  for (int32_t s : c.seq_lens) blocks_needed += cdiv(s, bs);
+  const int64_t num_blocks = blocks_needed + 1 + 3;  // + null block + spares never used
+  KvCacheSpec spec{d, c.kv_dtype, c.act_dtype, bs, num_blocks};
+  const auto shape = spec.cache_shape();
+  Tensor cache = Tensor::empty(std::span<const int64_t>(shape.data(), 3), spec.storage_dtype());
+  fill_nan(cache);
+  std::vector<int32_t> ids(num_blocks - 1);
+  std::iota(ids.begin(), ids.end(), 1);
+  std::shuffle(ids.begin(), ids.end(), rng);
+  int64_t width = 1;
+  for (int32_t s : c.seq_lens) width = std::max(width, cdiv(s, bs));
+  width += 1;  // an extra column that no valid read may touch
+  Tensor block_table = Tensor::empty({all_reqs, width}, DType::kI32);
+  std::fill_n(block_table.data<int32_t>(), all_reqs * width, -1);
+  int64_t next_id = 0;
+  for (int64_t q = 0; q < real_reqs; ++q)
+    for (int64_t b = 0; b < cdiv(c.seq_lens[q], bs); ++b)
+      block_table.data<int32_t>()[q * width + b] = ids[next_id++];
+  auto slot_of = [&](int64_t req, int64_t pos) -> int64_t {
+    return int64_t{block_table.data<int32_t>()[req * width + pos / bs]} * bs + pos % bs;
+  };
+
+  // Per-request activations.
+  std::vector<std::vector<double>> kv_c_full(real_reqs), k_pe_full(real_reqs), q_req(real_reqs);
+  for (int64_t q = 0; q < real_reqs; ++q) {
+    kv_c_full[q] = random_values(rng, c.seq_lens[q] * l, 1.0, c.act_dtype);
+    k_pe_full[q] = random_values(rng, c.seq_lens[q] * r, 1.0, c.act_dtype);
+    q_req[q] = random_values(rng, c.query_lens[q] * n * dqk, 1.0, c.act_dtype);
+  }
+
+  // Context tokens go into the cache through the library's cache writer.
+  {
+    std::vector<double> ctx_kv, ctx_pe;
+    std::vector<int64_t> slots;
+    for (int64_t q = 0; q < real_reqs; ++q) {
+      const int64_t ctx = c.seq_lens[q] - c.query_lens[q];
+      ctx_kv.insert(ctx_kv.end(), kv_c_full[q].begin(), kv_c_full[q].begin() + ctx * l);
+      ctx_pe.insert(ctx_pe.end(), k_pe_full[q].begin(), k_pe_full[q].begin() + ctx * r);
+      for (int64_t pos = 0; pos < ctx; ++pos) slots.push_back(slot_of(q, pos));
+    }
+    const int64_t tokens = static_cast<int64_t>(slots.size());
+    if (tokens > 0) {
+      Tensor kv_t = tensor_from(ctx_kv, {tokens, l}, c.act_dtype);
+      Tensor pe_t = tensor_from(ctx_pe, {tokens, r}, c.act_dtype);
+      Tensor slot_t = int_tensor(slots, {tokens}, DType::kI64);
+      ops::concat_and_cache_mla(kv_t, pe_t, cache, slot_t, c.kv_dtype, c.k_scale);
+    }
+  }
+
+  // Step inputs. kv_c and k_pe are slices of one [rows, L + R] buffer (as in a model, where they
+  // come out of one projection), so kv_c has row stride L + R.
+  int64_t real_tokens = 0;
+  std::vector<int32_t> qsl{0};
+  for (int64_t q = 0; q < real_reqs; ++q) qsl.push_back(qsl.back() + c.query_lens[q]);
+  real_tokens = qsl.back();
+  for (int64_t q = 0; q < c.padding_requests; ++q) qsl.push_back(qsl.back());
+  const int64_t tokens = real_tokens + c.padding_tokens;
+  const int64_t rows = tokens + c.spare_rows;
+  std::vector<int32_t> seq_lens_all = c.seq_lens;
+  seq_lens_all.resize(all_reqs, 0);
+
+  Tensor q_t = nan_tensor({rows, n, dqk}, c.act_dtype);
+  Tensor kv_lora = nan_tensor({rows, l + r}, c.act_dtype);
+  Tensor slot_t = Tensor::empty({tokens}, DType::kI64);
+  std::fill_n(slot_t.data<int64_t>(), tokens, -1);
+  for (int64_t q = 0; q < real_reqs; ++q) {
+    const int64_t ctx = c.seq_lens[q] - c.query_lens[q];
+    for (int64_t j = 0; j < c.query_lens[q]; ++j) {
+      const int64_t row = qsl[q] + j, pos = ctx + j;
+      for (int64_t k = 0; k < n * dqk; ++k)
+        store_float(q_t.view().data, c.act_dtype, row * n * dqk + k,
+                    float(q_req[q][j * n * dqk + k]));
+      for (int64_t k = 0; k < l; ++k)
+        store_float(kv_lora.view().data, c.act_dtype, row * (l + r) + k,
+                    float(kv_c_full[q][pos * l + k]));
+      for (int64_t k = 0; k < r; ++k)
+        store_float(kv_lora.view().data, c.act_dtype, row * (l + r) + l + k,
+                    float(k_pe_full[q][pos * r + k]));
+      slot_t.data<int64_t>()[row] = slot_of(q, pos);
+    }
+  }
+  for (int64_t row = real_tokens; row < tokens; ++row) {  // padding tokens: finite garbage
+    for (int64_t k = 0; k < n * dqk; ++k)
+      store_float(q_t.view().data, c.act_dtype, row * n * dqk + k, 0.5f);
+    for (int64_t k = 0; k < l + r; ++k)
+      store_float(kv_lora.view().data, c.act_dtype, row * (l + r) + k, 0.5f);
+  }
+  const TensorView kv_c_view = kv_lora.view().narrow(1, 0, l);
+  const TensorView k_pe_view = kv_lora.view().narrow(1, l, r);
+  Tensor output = nan_tensor({rows, n * v}, c.act_dtype);
+
+  ForwardBatch batch;
+  batch.query_start_loc = qsl;
+  batch.seq_lens = seq_lens_all;
+  batch.num_actual_tokens = tokens;
+  batch.block_table = block_table;
+  batch.slot_mapping = slot_t;
+  const Plan plan = attn.plan(batch);
+  result.num_decodes = plan.split.num_decodes;
+  result.num_prefills = plan.split.num_prefills;
+  result.context_chunks = static_cast<int64_t>(plan.context_chunks.size());
+  attn.forward(q_t, kv_c_view, k_pe_view, cache, &batch, output, {c.q_scale, c.k_scale});
+
+  // The oracle, per request, on the values the library sees.
+  ref::MlaWeights weights{n, l, p, r, v, w};
+  for (int64_t q = 0; q < real_reqs; ++q) {
+    const int64_t s = c.seq_lens[q], ql = c.query_lens[q], ctx = s - ql;
+    if (ql == 0) continue;
+    const bool decode = q < plan.split.num_decodes;
+    std::vector<double> kv_seen = kv_c_full[q], pe_seen = k_pe_full[q];
+    // Decodes read every key from the cache; prefills read the context from the cache and attend
+    // to their new tokens unquantized (spec F-24).
+    dequantize_like_cache(c.kv_dtype, c.k_scale, l, kv_seen, decode ? s : ctx, pe_seen, r);
+    const ref::AttentionResult expected =
+        ref::mla_mha(weights, q_req[q], kv_seen, pe_seen, ql, s, scale);
+    const TensorView out_rows = output.view().narrow(0, qsl[q], ql);
+    const auto check = all_close(out_rows, expected.out, tolerance_for_case(c, decode));
+    EXPECT_TRUE(check) << c.name << ": request " << q << " (" << (decode ? "decode" : "prefill")
+                       << ", seq_len " << s << ", q_len " << ql << ")";
+    const std::vector<double> got = to_doubles(out_rows);
+    for (size_t i = 0; i < got.size(); ++i)
+      result.max_abs_error = std::max(result.max_abs_error, std::fabs(got[i] - expected.out[i]));
+  }
+  if (tokens > real_tokens) {  // padding tokens of a uniform decode batch attend to nothing
+    const std::vector<double> zeros((tokens - real_tokens) * n * v, 0.0);
+    EXPECT_TRUE(
+        all_close(output.view().narrow(0, real_tokens, tokens - real_tokens), zeros, {0, 0}))
+        << c.name << ": padding rows";
+  }
+  const std::vector<double> nans(c.spare_rows * n * v, NAN);
+  EXPECT_TRUE(all_close(output.view().narrow(0, tokens, c.spare_rows), nans, {0, 0}))
+      << c.name << ": rows past num_actual_tokens must stay untouched";
+  return result;
+}
+
+}  // namespace mlakit::test

@@ -1,0 +1,46 @@
+// End-to-end harness: builds a batch the way an inference engine would (paged cache with a
+// random block permutation and NaN-poisoned free slots, context written through
+// concat_and_cache_mla, decodes first), runs MlaAttention::forward and computes the fp64 oracle
+// (ref::mla_mha, the non-absorbed MHA form) on the values the library sees.
+#pragma once
+
+#include <cstdint>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "mlakit/attention.hpp"
+#include "mlakit/config.hpp"
+#include "mlakit/types.hpp"
+
+namespace mlakit::test {
+
+struct E2eCase {
+  std::string name;
+  MlaDims dims;
+  DType act_dtype = DType::kBF16;
+  KvCacheDType kv_dtype = KvCacheDType::kAuto;
+  int64_t block_size = 16;
+  std::vector<int32_t> seq_lens;    // [R] context + query
+  std::vector<int32_t> query_lens;  // [R] (decodes first)
+  int64_t decode_threshold = 1;
+  QueryLenSupport support = QueryLenSupport::kVarlen;
+  int64_t workspace_tokens = 0;  // 0: derive from max_model_len
+  ChunkPolicy chunk_policy = ChunkPolicy::kPacked;
+  float q_scale = 1.0f, k_scale = 1.0f;
+  int64_t padding_requests = 0;  // CUDA-graph padding: q_len 0, seq_len 0, slot -1
+  int64_t padding_tokens = 0;    // extra tokens counted in num_actual_tokens (uniform padding)
+  int64_t spare_rows = 3;        // rows past num_actual_tokens that must stay untouched
+  uint64_t seed_stream = 0;
+};
+
+struct E2eResult {
+  int64_t num_decodes = 0, num_prefills = 0, context_chunks = 0;
+  double max_abs_error = 0;
+};
+
+// Runs the case, checks every output row against the oracle (tolerance by dtype and cache
+// format) and the untouched rows; reports failures through gtest.
+E2eResult run_e2e_case(const E2eCase& c);
+
+}  // namespace mlakit::test
