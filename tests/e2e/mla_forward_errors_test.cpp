@@ -1,0 +1,133 @@
+// Bad input through MlaAttention::forward: each case must raise a clear mlakit::Error (never a
+// crash, never an out-of-bounds access) whose message names the problem.
+#include <gtest/gtest.h>
+
+#include <vector>
+
+#include "common/test_util.hpp"
+#include "mlakit/attention.hpp"
+#include "mlakit/error.hpp"
+#include "mlakit/kv_cache.hpp"
+#include "mlakit/ops.hpp"
+
+namespace mlakit::test {
+namespace {
+
+// One decode request (seq_len 20, q_len 1) and one prefill (seq_len 8, q_len 8), small dims.
+class ForwardErrors : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dims_ = MlaDims{2, 32, 8, 16, 16};
+    cfg_.dims = dims_;
+    cfg_.scale = 0.25f;
+    cfg_.act_dtype = DType::kF32;
+    cfg_.block_size = 4;
+    auto rng = make_rng(900);
+    weight_ = random_tensor(rng, {dims_.num_heads * dims_.kv_b_out_dim(), dims_.kv_lora_rank},
+                            DType::kF32);
+    attn_ = std::make_unique<MlaAttention>(cfg_, weight_);
+    q_ = random_tensor(rng, {tokens_, dims_.num_heads, dims_.qk_head_dim()}, DType::kF32);
+    kv_c_ = random_tensor(rng, {tokens_, dims_.kv_lora_rank}, DType::kF32);
+    k_pe_ = random_tensor(rng, {tokens_, dims_.qk_rope_head_dim}, DType::kF32);
+    cache_ = nan_tensor({num_blocks_, 4, dims_.entry_dim()}, DType::kF32);
+    out_ = nan_tensor({tokens_, dims_.num_heads * dims_.v_head_dim}, DType::kF32);
+    block_table_ = int_tensor({1, 2, 3, 4, 5, 6, 7, 8, 9, 10}, {2, 5}, DType::kI32);
+    slots_ = int_tensor({23, 36, 37, 38, 39, 40, 41, 42, 43}, {tokens_}, DType::kI64);
+    batch_.query_start_loc = qsl_;
+    batch_.seq_lens = seq_lens_;
+    batch_.num_actual_tokens = tokens_;
+    batch_.block_table = block_table_;
+    batch_.slot_mapping = slots_;
+  }
+  void run() { attn_->forward(q_, kv_c_, k_pe_, cache_, &batch_, out_); }
+
+  MlaDims dims_;
+  MlaAttentionConfig cfg_;
+  static constexpr int64_t tokens_ = 9;
+  static constexpr int64_t num_blocks_ = 12;
+  Tensor weight_, q_, kv_c_, k_pe_, cache_, out_, block_table_, slots_;
+  std::unique_ptr<MlaAttention> attn_;
+  std::vector<int32_t> qsl_{0, 1, 9};
+  std::vector<int32_t> seq_lens_{20, 8};
+  ForwardBatch batch_;
+};
+
+TEST_F(ForwardErrors, ValidBatchRuns) {
+  // The decode's 19 context tokens are whatever the cache holds: write them first.
+  fill_nan(out_);
+  std::vector<int64_t> ctx_slots;
+  for (int64_t pos = 0; pos < 19; ++pos) ctx_slots.push_back((1 + pos / 4) * 4 + pos % 4);
+  auto rng = make_rng(901);
+  Tensor ctx_kv = random_tensor(rng, {19, dims_.kv_lora_rank}, DType::kF32);
+  Tensor ctx_pe = random_tensor(rng, {19, dims_.qk_rope_head_dim}, DType::kF32);
+  Tensor ctx_slot_t = int_tensor(ctx_slots, {19}, DType::kI64);
+  ops::concat_and_cache_mla(ctx_kv, ctx_pe, cache_, ctx_slot_t, KvCacheDType::kAuto, 1.0f);
+  EXPECT_NO_THROW(run());
+}
+
+TEST_F(ForwardErrors, WrongQueryShape) {
+  q_ = Tensor::empty({tokens_, 3, dims_.qk_head_dim()}, DType::kF32);
+  MLAKIT_EXPECT_THROW_MSG(run(), "q.shape[1] must equal 2");
+}
+
+TEST_F(ForwardErrors, WrongDtype) {
+  kv_c_ = Tensor::empty({tokens_, dims_.kv_lora_rank}, DType::kBF16);
+  MLAKIT_EXPECT_THROW_MSG(run(), "kv_c_normed must have dtype f32");
+}
+
+TEST_F(ForwardErrors, EntrySizeNot576LikeTheDims) {
+  cache_ = Tensor::empty({num_blocks_, 4, dims_.entry_dim() - 1}, DType::kF32);
+  MLAKIT_EXPECT_THROW_MSG(run(), "kv_cache.shape[2] must equal 40");
+}
+
+TEST_F(ForwardErrors, BlockIdOutOfRange) {
+  block_table_.data<int32_t>()[1] = num_blocks_ + 5;  // decode request, column 1
+  MLAKIT_EXPECT_THROW_MSG(run(), "17");
+}
+
+TEST_F(ForwardErrors, SlotPastTheCache) {
+  slots_.data<int64_t>()[3] = num_blocks_ * 4;
+  MLAKIT_EXPECT_THROW_MSG(run(), "slot");
+}
+
+TEST_F(ForwardErrors, SeqLenBeyondTheBlockTable) {
+  seq_lens_[0] = 21;  // needs 6 blocks, the table has 5 columns
+  MLAKIT_EXPECT_THROW_MSG(run(), "block");
+}
+
+TEST_F(ForwardErrors, NegativeLength) {
+  seq_lens_[1] = -1;
+  MLAKIT_EXPECT_THROW_MSG(run(), "seq_len");
+}
+
+TEST_F(ForwardErrors, QueryLongerThanSequence) {
+  seq_lens_[1] = 7;  // 8 new tokens cannot fit in a 7-token sequence
+  MLAKIT_EXPECT_THROW_MSG(run(), "seq_len");
+}
+
+TEST_F(ForwardErrors, TooFewRowsForTheTokens) {
+  out_ = Tensor::empty({tokens_ - 1, dims_.num_heads * dims_.v_head_dim}, DType::kF32);
+  MLAKIT_EXPECT_THROW_MSG(run(), "output.shape[0] must be >= num_actual_tokens");
+}
+
+TEST_F(ForwardErrors, WorkspaceSmallerThanOneBlock) {
+  cfg_.workspace_tokens = 2;  // a block is 4 tokens: no page-aligned chunk fits
+  MlaAttention small(cfg_, weight_);
+  seq_lens_[1] = 12;  // the prefill now has 4 context tokens to gather
+  block_table_.data<int32_t>()[5 + 2] = 11;
+  EXPECT_THROW(small.forward(q_, kv_c_, k_pe_, cache_, &batch_, out_), Error);
+}
+
+TEST_F(ForwardErrors, BadConfig) {
+  MlaAttentionConfig bad = cfg_;
+  bad.scale = 0;
+  MLAKIT_EXPECT_THROW_MSG(MlaAttention(bad, weight_), "scale must be finite and > 0");
+  bad = cfg_;
+  bad.kv_cache_dtype = KvCacheDType::kFp8DsMla;  // needs L 512, R 64, 16-bit activations
+  MLAKIT_EXPECT_THROW_MSG(MlaAttention(bad, weight_), "fp8_ds_mla");
+  MLAKIT_EXPECT_THROW_MSG(MlaAttention(cfg_, Tensor::empty({5, dims_.kv_lora_rank}, DType::kF32)),
+                          "kv_b_proj");
+}
+
+}  // namespace
+}  // namespace mlakit::test
