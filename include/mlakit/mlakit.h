@@ -1,0 +1,349 @@
+/* mlakit C ABI: the library for C programs and for bindings (Python ctypes, other FFIs).
+ *
+ * Conventions (every function):
+ *  - Returns a mlakit_status_t; MLAKIT_OK (0) on success. On failure the calling thread's
+ *    mlakit_last_error() holds a message naming the function, the argument, what was expected and
+ *    what was given. Successful calls leave the message unchanged. No function aborts or lets an
+ *    exception escape.
+ *  - Tensors are DLPack DLTensors (dlpack.h), borrowed for the duration of the call only: shape
+ *    and strides in elements, strides NULL = dense row-major, byte_offset honoured, at most 4
+ *    dimensions, lanes 1. Element types: float32, float16, bfloat16 (kDLBfloat), float8 e4m3fn
+ *    (kDLFloat8_e4m3fn; fp8 data may also be given as uint8), uint8, int32, int64. Devices:
+ *    kDLCPU (and kDLCUDAHost, pinned host memory, read as host memory) and kDLCUDA.
+ *  - Optional tensors are passed as NULL.
+ *  - `stream` is a cudaStream_t for CUDA tensors (NULL = the default stream); CPU calls ignore it
+ *    and run synchronously on the calling thread (spreading work over OpenMP threads).
+ *  - Shapes below use the names of DESIGN.md: N heads, L = kv_lora_rank (512), R =
+ *    qk_rope_head_dim (64), P = qk_nope_head_dim (128), V = v_head_dim (128).
+ *  - LSE is float32, natural log. "heads_tokens" LSEs are [N, T], decode LSEs are [B, s_q, N].
+ *  - Handles (mlakit_plan_t, mlakit_attention_t, ...) are opaque, created by *_create/make/plan
+ *    functions and released by their *_destroy function (NULL is accepted and ignored).
+ */
+#ifndef MLAKIT_MLAKIT_H_
+#define MLAKIT_MLAKIT_H_
+
+#include <stdint.h>
+
+#include "mlakit/dlpack.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#if defined(__GNUC__)
+#define MLAKIT_API __attribute__((visibility("default")))
+#else
+#define MLAKIT_API
+#endif
+
+/* Raised whenever a struct or a signature of this header changes incompatibly. */
+#define MLAKIT_C_ABI_VERSION 1
+
+/* ---- Status, errors, version ----------------------------------------------------------------- */
+
+/* Mirrors mlakit::ErrorCode (error.hpp). */
+typedef enum mlakit_status {
+  MLAKIT_OK = 0,
+  MLAKIT_ERROR_INVALID_ARGUMENT = 1, /* a caller-supplied value is wrong (shape, dtype, layout) */
+  MLAKIT_ERROR_OUT_OF_RANGE = 2,     /* an index (slot, block id, position) is outside its range */
+  MLAKIT_ERROR_UNSUPPORTED = 3,      /* valid, but this build or backend cannot serve it */
+  MLAKIT_ERROR_BACKEND = 4,          /* CUDA, BLAS or memory allocation failed */
+  MLAKIT_ERROR_INTERNAL = 5,         /* a broken invariant inside mlakit (a bug) */
+} mlakit_status_t;
+
+/* Message of the last failed call on this thread ("" if none); valid until the next failing call
+ * on the same thread. */
+MLAKIT_API const char* mlakit_last_error(void);
+/* "ok", "invalid_argument", "out_of_range", "unsupported", "backend", "internal". */
+MLAKIT_API const char* mlakit_status_name(int32_t status);
+/* Library version, e.g. "0.1.0". */
+MLAKIT_API const char* mlakit_version(void);
+/* MLAKIT_C_ABI_VERSION of the compiled library (bindings compare it with theirs). */
+MLAKIT_API int32_t mlakit_abi_version(void);
+/* One-line JSON object describing the build, e.g.
+ * {"version": "0.1.0", "abi": 1, "cuda": false, "blas": "openblas", "openmp": true,
+ *  "threads": 8, "sanitizers": false}. "threads" is the CPU backend's thread count at the first
+ * call (OMP_NUM_THREADS or the number of cores). */
+MLAKIT_API const char* mlakit_build_info(void);
+
+/* ---- Enumerations ------------------------------------------------------------------------------ */
+/* Enumerated arguments travel as int32_t (the size of a C enum is the compiler's choice); each
+ * such parameter names its enumeration. */
+
+/* Storage format of the paged latent cache (kv_cache.hpp). */
+typedef enum mlakit_kv_cache_dtype {
+  MLAKIT_KV_CACHE_AUTO = 0,       /* activation dtype, entry [kv_c (L) | k_pe (R)] */
+  MLAKIT_KV_CACHE_FP8_E4M3 = 1,   /* e4m3 of x / k_scale, one scale per tensor */
+  MLAKIT_KV_CACHE_FP8_DS_MLA = 2, /* DeepSeek's 656-byte entry */
+} mlakit_kv_cache_dtype_t;
+
+/* vLLM's names: "auto", "bfloat16", "float16" (= auto), "fp8", "fp8_e4m3", "fp8_ds_mla". */
+MLAKIT_API mlakit_status_t mlakit_parse_kv_cache_dtype(const char* name,
+                                                       int32_t* kv_cache_dtype /* out */);
+
+typedef enum mlakit_query_len_support {
+  MLAKIT_QUERY_LEN_SINGLE_ONLY = 0, /* every decode has q_len 1 */
+  MLAKIT_QUERY_LEN_UNIFORM = 1,     /* the decodes of a batch share one q_len */
+  MLAKIT_QUERY_LEN_VARLEN = 2,      /* decodes may differ in q_len */
+} mlakit_query_len_support_t;
+
+typedef enum mlakit_chunk_policy {
+  MLAKIT_CHUNK_EQUAL_SHARE = 0, /* vLLM: each request gets an equal share of the workspace */
+  MLAKIT_CHUNK_PACKED = 1,      /* fill each chunk with whole contexts (fewer chunks) */
+} mlakit_chunk_policy_t;
+
+/* ---- Cache ops --------------------------------------------------------------------------------- */
+
+/* vLLM concat_and_cache_mla. Writes token t (t < T) into slot slot_mapping[t] (< 0 skips).
+ * kv_c: [T', L] act (row stride may exceed L); k_pe: [T', R] act; kv_cache: [num_blocks,
+ * block_size, entry_width]; slot_mapping: int64 [T]; scale: k_scale of fp8 caches (> 0). */
+MLAKIT_API mlakit_status_t mlakit_concat_and_cache_mla(const DLTensor* kv_c, const DLTensor* k_pe,
+                                                       const DLTensor* kv_cache,
+                                                       const DLTensor* slot_mapping,
+                                                       int32_t kv_cache_dtype /* mlakit_kv_cache_dtype_t */,
+                                                       float scale, void* stream);
+
+/* vLLM gather_and_maybe_dequant_cache: row t < num_tokens of dst comes from request
+ * b = token_to_seq[t], position t - cu_seq_lens[b] + seq_starts[b] (seq_starts may be NULL),
+ * dequantized (fp8: value * scale) to dst's dtype.
+ * src_cache: [num_blocks, block_size, entry_width]; dst: [>= num_tokens, L + R] f32/f16/bf16;
+ * block_table: int32 [B, max_blocks]; cu_seq_lens: int32 [B + 1]; token_to_seq: int32
+ * [>= num_tokens]; seq_starts: int32 [B] or NULL. */
+MLAKIT_API mlakit_status_t mlakit_gather_and_maybe_dequant_cache(
+    const DLTensor* src_cache, const DLTensor* dst, const DLTensor* block_table,
+    const DLTensor* cu_seq_lens, const DLTensor* token_to_seq, int64_t num_tokens,
+    int32_t kv_cache_dtype /* mlakit_kv_cache_dtype_t */, float scale, const DLTensor* seq_starts, void* stream);
+
+/* vLLM cp_gather_cache: raw copy of request b's positions [seq_starts[b], + len_b) into dst rows
+ * [cu_seq_lens[b], cu_seq_lens[b + 1]). src_cache: [num_blocks, block_size, W]; dst: [rows, W]
+ * of the same dtype; block_table: int32 [>= batch_size, max_blocks]; cu_seq_lens: int32
+ * [batch_size + 1]; seq_starts: int32 [batch_size] or NULL. */
+MLAKIT_API mlakit_status_t mlakit_cp_gather_cache(const DLTensor* src_cache, const DLTensor* dst,
+                                                  const DLTensor* block_table,
+                                                  const DLTensor* cu_seq_lens, int64_t batch_size,
+                                                  const DLTensor* seq_starts, void* stream);
+
+/* ---- Attention pieces -------------------------------------------------------------------------- */
+
+/* vLLM merge_attn_states (argument order as vLLM's). output, prefix_output, suffix_output:
+ * [T, H, D] f32/f16/bf16; prefix_lse, suffix_lse: f32 [H, T]; output_lse: f32 [H, T] or NULL.
+ * Both sides -inf gives output 0 and lse -inf. output may alias prefix_output or suffix_output. */
+MLAKIT_API mlakit_status_t mlakit_merge_attn_states(const DLTensor* output,
+                                                    const DLTensor* prefix_output,
+                                                    const DLTensor* prefix_lse,
+                                                    const DLTensor* suffix_output,
+                                                    const DLTensor* suffix_lse,
+                                                    const DLTensor* output_lse, void* stream);
+
+/* Static per-tensor fp8 quantization: out = e4m3(clamp(input * (1 / scale), -448, 448)).
+ * input: any float dtype; out: fp8 e4m3 or uint8, same shape. */
+MLAKIT_API mlakit_status_t mlakit_scaled_fp8_quant(const DLTensor* input, const DLTensor* out,
+                                                   float scale, void* stream);
+
+/* Absorbed MQA decode over the paged cache, convenience form for HOST tensors (it plans the
+ * split-KV schedule and allocates its workspace). Query j of request b attends keys
+ * [0, seq_lens[b] - s_q + j]; seq_len 0 gives out 0, lse -inf.
+ * q: [B, s_q, N, L + R] act (or fp8 for fp8 caches, dequantized with q_scale); kv_cache:
+ * [num_blocks, block_size, entry_width]; block_table: int32 [B, max_blocks]; seq_lens: int32 [B];
+ * out: [B, s_q, N, L] f32/f16/bf16; lse: f32 [B, s_q, N]; scale: softmax scale (> 0);
+ * k_scale: scale of fp8 e4m3 caches. For CUDA tensors use mlakit_mla_decode_scheduled. */
+MLAKIT_API mlakit_status_t mlakit_mla_decode(const DLTensor* q, const DLTensor* kv_cache,
+                                             const DLTensor* block_table, const DLTensor* seq_lens,
+                                             const DLTensor* out, const DLTensor* lse, float scale,
+                                             int32_t kv_cache_dtype /* mlakit_kv_cache_dtype_t */, float q_scale,
+                                             float k_scale);
+
+/* The split-KV schedule of a decode batch, planned on the host from the host copy of seq_lens. */
+typedef struct mlakit_decode_schedule mlakit_decode_schedule_t;
+/* seq_lens: host int32 [num_seqs]; num_workers: parallel workers to spread the splits over. */
+MLAKIT_API mlakit_status_t mlakit_plan_decode_splits(const int32_t* seq_lens, int64_t num_seqs,
+                                                     int64_t block_size, int64_t num_workers,
+                                                     mlakit_decode_schedule_t** schedule);
+MLAKIT_API void mlakit_decode_schedule_destroy(mlakit_decode_schedule_t* schedule);
+MLAKIT_API mlakit_status_t mlakit_decode_schedule_info(const mlakit_decode_schedule_t* schedule,
+                                                       int64_t* total_splits, int64_t* max_splits);
+/* f32 elements the split workspace of mlakit_mla_decode_scheduled needs. */
+MLAKIT_API mlakit_status_t mlakit_decode_workspace_elems(const mlakit_decode_schedule_t* schedule,
+                                                         int64_t s_q, int64_t num_heads,
+                                                         int64_t kv_lora_rank, int64_t* elems);
+/* mlakit_mla_decode with a caller-made schedule (of the same seq_lens) and a caller-owned f32
+ * split_workspace on the tensors' device: allocates nothing, so it can be captured in a CUDA
+ * graph. */
+MLAKIT_API mlakit_status_t mlakit_mla_decode_scheduled(
+    const DLTensor* q, const DLTensor* kv_cache, const DLTensor* block_table,
+    const DLTensor* seq_lens, const DLTensor* out, const DLTensor* lse, float scale,
+    int32_t kv_cache_dtype /* mlakit_kv_cache_dtype_t */, float q_scale, float k_scale,
+    const mlakit_decode_schedule_t* schedule, const DLTensor* split_workspace, void* stream);
+
+/* Varlen MHA prefill with d_qk = P + R, d_v = V; request b has queries [cu_seqlens_q[b],
+ * cu_seqlens_q[b+1]) and keys [cu_seqlens_k[b], cu_seqlens_k[b+1]); causal is bottom-right.
+ * q: [T, N, P + R]; k_nope: [S, N, P]; k_pe: [S, R] (shared by the heads); v: [S, N, V];
+ * cu_seqlens_q, cu_seqlens_k: int32 [B + 1]; out: [T, N, V]; lse: f32 [N, T] or NULL. */
+MLAKIT_API mlakit_status_t mlakit_mla_prefill(const DLTensor* q, const DLTensor* k_nope,
+                                              const DLTensor* k_pe, const DLTensor* v,
+                                              const DLTensor* cu_seqlens_q,
+                                              const DLTensor* cu_seqlens_k, int64_t max_seqlen_q,
+                                              int64_t max_seqlen_k, float scale, int32_t causal,
+                                              const DLTensor* out, const DLTensor* lse,
+                                              void* stream);
+
+/* ---- Planning (pure host code) ----------------------------------------------------------------- */
+
+typedef struct mlakit_split_counts {
+  int64_t num_decodes;
+  int64_t num_prefills;
+  int64_t num_decode_tokens;
+  int64_t num_prefill_tokens;
+} mlakit_split_counts_t;
+
+/* Decode/prefill split of a batch already ordered decodes-first. query_start_loc: [num_reqs + 1]. */
+MLAKIT_API mlakit_status_t mlakit_split_decodes_and_prefills(const int32_t* query_start_loc,
+                                                             int64_t num_reqs,
+                                                             int64_t num_actual_tokens,
+                                                             int64_t decode_threshold,
+                                                             int32_t require_uniform,
+                                                             mlakit_split_counts_t* counts);
+
+/* Decodes-first order: order[i] (caller-allocated, [num_reqs]) = input index of the request
+ * placed at position i. num_scheduled, num_computed: [num_reqs]. */
+MLAKIT_API mlakit_status_t mlakit_reorder_decodes_first(const int32_t* num_scheduled,
+                                                        const int32_t* num_computed,
+                                                        int64_t num_reqs, int64_t decode_threshold,
+                                                        int32_t* order);
+
+/* Rows of the chunked-context gather workspace (spec B.2). */
+MLAKIT_API mlakit_status_t mlakit_chunked_prefill_workspace_tokens(int64_t max_model_len,
+                                                                   int64_t max_num_seqs,
+                                                                   int64_t block_size,
+                                                                   int64_t* tokens);
+
+typedef struct mlakit_planner_config {
+  int64_t block_size;        /* KV page size */
+  int64_t decode_threshold;  /* q_len <= threshold (with context) decodes */
+  int32_t query_len_support; /* a mlakit_query_len_support_t */
+  int32_t chunk_policy;      /* a mlakit_chunk_policy_t */
+  int64_t workspace_tokens;  /* rows of the gather workspace (> 0) */
+  int64_t num_workers;       /* parallel workers of the decode split schedule */
+} mlakit_planner_config_t;
+/* The library's defaults (block 64, threshold 1, varlen, packed, num_workers 1; workspace_tokens
+ * must still be set). */
+MLAKIT_API void mlakit_planner_config_init(mlakit_planner_config_t* config);
+
+typedef struct mlakit_plan mlakit_plan_t;
+
+/* The plan of one forward step. query_start_loc: host int32 [num_reqs + 1]; seq_lens: host int32
+ * [num_reqs]; num_actual_tokens may exceed query_start_loc[num_reqs] (padded batches). */
+MLAKIT_API mlakit_status_t mlakit_make_plan(const int32_t* query_start_loc, const int32_t* seq_lens,
+                                            int64_t num_reqs, int64_t num_actual_tokens,
+                                            int64_t block_table_width,
+                                            const mlakit_planner_config_t* config,
+                                            mlakit_plan_t** plan);
+MLAKIT_API void mlakit_plan_destroy(mlakit_plan_t* plan);
+
+typedef struct mlakit_plan_summary {
+  int64_t num_reqs;
+  int64_t num_actual_tokens;
+  mlakit_split_counts_t split;
+  int64_t decode_query_len;      /* common q_len of the decodes (uniform), else 0 */
+  int64_t max_decode_query_len;
+  int64_t prefill_max_query_len;
+  int64_t num_context_chunks;    /* 0 when no prefill has context */
+  int64_t decode_total_splits;   /* split-KV pieces of the decode schedule */
+  int64_t decode_max_splits;     /* most pieces of one decode request */
+} mlakit_plan_summary_t;
+MLAKIT_API mlakit_status_t mlakit_plan_summary(const mlakit_plan_t* plan,
+                                               mlakit_plan_summary_t* summary);
+
+typedef enum mlakit_plan_array {
+  MLAKIT_PLAN_PREFILL_QUERY_START_LOC = 0, /* [num_prefills + 1], rebased to 0 */
+  MLAKIT_PLAN_PREFILL_CONTEXT_LENS = 1,    /* [num_prefills] */
+  MLAKIT_PLAN_DECODE_SPLIT_OFFSETS = 2,    /* [num_decodes + 1] cumulative split counts */
+  MLAKIT_PLAN_DECODE_SPLIT_LEN = 3,        /* [num_decodes] tokens per split */
+} mlakit_plan_array_t;
+/* Borrowed pointer into the plan (valid until mlakit_plan_destroy); *data may be NULL when
+ * *length is 0. */
+MLAKIT_API mlakit_status_t mlakit_plan_array(const mlakit_plan_t* plan, int32_t which /* mlakit_plan_array_t */,
+                                             const int32_t** data, int64_t* length);
+
+typedef enum mlakit_chunk_array {
+  MLAKIT_CHUNK_STARTS = 0,       /* [num_prefills] first context position gathered */
+  MLAKIT_CHUNK_SEQ_LENS = 1,     /* [num_prefills] context tokens gathered */
+  MLAKIT_CHUNK_CU_SEQ_LENS = 2,  /* [num_prefills + 1] workspace row offsets */
+  MLAKIT_CHUNK_TOKEN_TO_SEQ = 3, /* [total_tokens] prefill request of each workspace row */
+} mlakit_chunk_array_t;
+/* Context chunk `chunk` (0 <= chunk < num_context_chunks). */
+MLAKIT_API mlakit_status_t mlakit_plan_chunk_info(const mlakit_plan_t* plan, int64_t chunk,
+                                                  int64_t* total_tokens, int64_t* max_seq_len);
+MLAKIT_API mlakit_status_t mlakit_plan_chunk_array(const mlakit_plan_t* plan, int64_t chunk,
+                                                   int32_t which /* mlakit_chunk_array_t */,
+                                                   const int32_t** data, int64_t* length);
+
+/* ---- MlaAttention: one MLA layer ------------------------------------------------------------- */
+
+typedef struct mlakit_mla_config {
+  int64_t num_heads;        /* N */
+  int64_t kv_lora_rank;     /* L */
+  int64_t qk_rope_head_dim; /* R */
+  int64_t qk_nope_head_dim; /* P */
+  int64_t v_head_dim;       /* V */
+  float scale;              /* softmax scale of the model (> 0) */
+  DLDataType act_dtype;     /* float32, float16 or bfloat16 */
+  int32_t kv_cache_dtype;   /* a mlakit_kv_cache_dtype_t */
+  int64_t block_size;
+  int64_t decode_threshold;
+  int32_t query_len_support; /* a mlakit_query_len_support_t */
+  int32_t chunk_policy;      /* a mlakit_chunk_policy_t */
+  int64_t workspace_tokens;  /* 0 = derived from max_model_len and max_num_seqs */
+  int64_t max_model_len;
+  int64_t max_num_seqs;
+  DLDevice device; /* where the layer runs (weights, workspace) */
+} mlakit_mla_config_t;
+/* The library's defaults: DeepSeek-V2-Lite dims (16, 512, 64, 128, 128), bf16, auto cache,
+ * block 64, CPU; scale 0 (must be set). */
+MLAKIT_API void mlakit_mla_config_init(mlakit_mla_config_t* config);
+
+typedef struct mlakit_attention mlakit_attention_t;
+
+/* kv_b_proj_weight: host [N * (P + V), L] f32/f16/bf16, or fp8 e4m3 (or uint8) with
+ * kv_b_proj_scale_inv: host f32 [ceil(N*(P+V) / 128), ceil(L / 128)] (NULL otherwise). */
+MLAKIT_API mlakit_status_t mlakit_attention_create(const mlakit_mla_config_t* config,
+                                                   const DLTensor* kv_b_proj_weight,
+                                                   const DLTensor* kv_b_proj_scale_inv,
+                                                   mlakit_attention_t** attention);
+MLAKIT_API void mlakit_attention_destroy(mlakit_attention_t* attention);
+/* Rows of the layer's context-gather workspace. */
+MLAKIT_API mlakit_status_t mlakit_attention_workspace_tokens(const mlakit_attention_t* attention,
+                                                             int64_t* tokens);
+
+/* One forward step's batch, requests ordered decodes-first. */
+typedef struct mlakit_forward_batch {
+  const int32_t* query_start_loc; /* host [num_reqs + 1] */
+  const int32_t* seq_lens;        /* host [num_reqs] context + new tokens */
+  int64_t num_reqs;
+  int64_t num_actual_tokens;    /* T: rows of q to process */
+  const DLTensor* block_table;  /* int32 [num_reqs, max_blocks] on the layer's device */
+  const DLTensor* slot_mapping; /* int64 [>= T] on the layer's device; < 0 skips the write */
+} mlakit_forward_batch_t;
+
+/* The plan forward() would follow for `batch` (the caller destroys it). */
+MLAKIT_API mlakit_status_t mlakit_attention_plan(const mlakit_attention_t* attention,
+                                                 const mlakit_forward_batch_t* batch,
+                                                 mlakit_plan_t** plan);
+
+/* q: [T', N, P + R]; kv_c_normed: [T', L]; k_pe: [T', R] or [T', 1, R]; kv_cache: [num_blocks,
+ * block_size, entry_width] (may be empty: then nothing is cached and no request may have
+ * context); output: [T', N * V], rows [T, T') untouched. batch NULL is a profile run (output is
+ * zero-filled). q_scale, k_scale: fp8 scales (used with fp8 caches only). A layer handle must not
+ * run two forward calls at once (it owns one workspace). */
+MLAKIT_API mlakit_status_t mlakit_attention_forward(mlakit_attention_t* attention,
+                                                    const DLTensor* q, const DLTensor* kv_c_normed,
+                                                    const DLTensor* k_pe, const DLTensor* kv_cache,
+                                                    const mlakit_forward_batch_t* batch,
+                                                    const DLTensor* output, float q_scale,
+                                                    float k_scale, void* stream);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* MLAKIT_MLAKIT_H_ */

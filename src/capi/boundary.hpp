@@ -1,0 +1,78 @@
+// The C ABI boundary: every exported function runs its body through guarded(), which turns any
+// exception into a status code and the thread's last-error message; DLTensors become TensorViews
+// through to_view().
+#pragma once
+
+#include <cstdint>
+#include <exception>
+#include <new>
+#include <optional>
+#include <string>
+
+#include "core/check.hpp"
+#include "mlakit/config.hpp"
+#include "mlakit/error.hpp"
+#include "mlakit/mlakit.h"
+#include "mlakit/plan.hpp"
+#include "mlakit/types.hpp"
+
+namespace mlakit::capi {
+
+// Stores `message` as this thread's last error and returns `status`. Never throws.
+mlakit_status_t record_error(mlakit_status_t status, const char* message) noexcept;
+
+// Runs body(); MLAKIT_OK if it returns, else the status of what it threw (message recorded).
+// `op` names the function in messages of exceptions that do not come from mlakit.
+template <class Body>
+mlakit_status_t guarded(const char* op, Body&& body) noexcept {
+  try {
+    body();
+    return MLAKIT_OK;
+  } catch (const Error& e) {
+    const int code = static_cast<int>(e.code());
+    const bool known = code >= MLAKIT_ERROR_INVALID_ARGUMENT && code <= MLAKIT_ERROR_INTERNAL;
+    return record_error(known ? static_cast<mlakit_status_t>(code) : MLAKIT_ERROR_INTERNAL,
+                        e.what());
+  } catch (const std::bad_alloc&) {
+    return record_error(MLAKIT_ERROR_BACKEND, (std::string(op) + ": out of memory").c_str());
+  } catch (const std::exception& e) {
+    return record_error(MLAKIT_ERROR_INTERNAL, (std::string(op) + ": " + e.what()).c_str());
+  } catch (...) {
+    return record_error(MLAKIT_ERROR_INTERNAL, (std::string(op) + ": unknown exception").c_str());
+  }
+}
+
+// A borrowed DLTensor as a TensorView (data + byte_offset, strides in elements, NULL strides =
+// dense). Throws kInvalidArgument for NULL, rank > 4, lanes != 1, unknown dtypes, negative sizes
+// or a misaligned address; kUnsupported for devices other than CPU, pinned host and CUDA.
+TensorView to_view(const char* op, const char* name, const DLTensor* tensor);
+// nullopt for NULL, else to_view().
+std::optional<TensorView> to_optional_view(const char* op, const char* name,
+                                           const DLTensor* tensor);
+
+KvCacheDType to_kv_cache_dtype(const char* op, int32_t value);
+QueryLenSupport to_query_len_support(const char* op, int32_t value);
+ChunkPolicy to_chunk_policy(const char* op, int32_t value);
+DType to_dtype(const char* op, const char* name, DLDataType dtype);
+
+// Throws kInvalidArgument naming `name` when `pointer` is NULL.
+inline void require_pointer(const char* op, const char* name, const void* pointer) {
+  detail::require(pointer != nullptr, ErrorCode::kInvalidArgument, op, ": ", name,
+                  " must not be NULL");
+}
+
+// Throws kInvalidArgument unless count >= 0 (a host array length).
+inline void require_count(const char* op, const char* name, int64_t count) {
+  detail::require(count >= 0, ErrorCode::kInvalidArgument, op, ": ", name, " must be >= 0, got ",
+                  count);
+}
+
+}  // namespace mlakit::capi
+
+// The opaque handles of mlakit.h.
+struct mlakit_plan {
+  mlakit::Plan plan;
+};
+struct mlakit_decode_schedule {
+  mlakit::DecodeSchedule schedule;
+};

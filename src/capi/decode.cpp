@@ -1,0 +1,110 @@
+// Absorbed MQA decode behind the C ABI: the convenience form (host tensors) and the scheduled
+// form (caller-made split-KV schedule and workspace).
+#include <memory>
+#include <span>
+
+#include "capi/boundary.hpp"
+#include "mlakit/ops.hpp"
+
+using mlakit::capi::guarded;
+using mlakit::capi::require_count;
+using mlakit::capi::require_pointer;
+using mlakit::capi::to_kv_cache_dtype;
+using mlakit::capi::to_view;
+
+namespace {
+
+mlakit::ops::DecodeParams decode_params(const char* op, float scale, int32_t kv_cache_dtype,
+                                        float q_scale, float k_scale) {
+  mlakit::ops::DecodeParams params;
+  params.scale = scale;
+  params.kv_dtype = to_kv_cache_dtype(op, kv_cache_dtype);
+  params.q_scale = q_scale;
+  params.k_scale = k_scale;
+  return params;
+}
+
+}  // namespace
+
+extern "C" {
+
+MLAKIT_API mlakit_status_t mlakit_mla_decode(const DLTensor* q, const DLTensor* kv_cache,
+                                             const DLTensor* block_table, const DLTensor* seq_lens,
+                                             const DLTensor* out, const DLTensor* lse, float scale,
+                                             int32_t kv_cache_dtype, float q_scale,
+                                             float k_scale) {
+  constexpr const char* kOp = "mla_decode";
+  return guarded(kOp, [&] {
+    mlakit::ops::mla_decode(to_view(kOp, "q", q), to_view(kOp, "kv_cache", kv_cache),
+                            to_view(kOp, "block_table", block_table),
+                            to_view(kOp, "seq_lens", seq_lens), to_view(kOp, "out", out),
+                            to_view(kOp, "lse", lse),
+                            decode_params(kOp, scale, kv_cache_dtype, q_scale, k_scale));
+  });
+}
+
+MLAKIT_API mlakit_status_t mlakit_plan_decode_splits(const int32_t* seq_lens, int64_t num_seqs,
+                                                     int64_t block_size, int64_t num_workers,
+                                                     mlakit_decode_schedule_t** schedule) {
+  constexpr const char* kOp = "plan_decode_splits";
+  return guarded(kOp, [&] {
+    require_pointer(kOp, "schedule", schedule);
+    *schedule = nullptr;
+    require_count(kOp, "num_seqs", num_seqs);
+    if (num_seqs > 0) require_pointer(kOp, "seq_lens", seq_lens);
+    auto handle = std::make_unique<mlakit_decode_schedule>();
+    handle->schedule = mlakit::plan_decode_splits(
+        std::span<const int32_t>(seq_lens, static_cast<size_t>(num_seqs)), block_size,
+        num_workers);
+    *schedule = handle.release();
+  });
+}
+
+MLAKIT_API void mlakit_decode_schedule_destroy(mlakit_decode_schedule_t* schedule) {
+  delete schedule;
+}
+
+MLAKIT_API mlakit_status_t mlakit_decode_schedule_info(const mlakit_decode_schedule_t* schedule,
+                                                       int64_t* total_splits,
+                                                       int64_t* max_splits) {
+  constexpr const char* kOp = "decode_schedule_info";
+  return guarded(kOp, [&] {
+    require_pointer(kOp, "schedule", schedule);
+    require_pointer(kOp, "total_splits", total_splits);
+    require_pointer(kOp, "max_splits", max_splits);
+    *total_splits = schedule->schedule.total_splits;
+    *max_splits = schedule->schedule.max_splits;
+  });
+}
+
+MLAKIT_API mlakit_status_t mlakit_decode_workspace_elems(const mlakit_decode_schedule_t* schedule,
+                                                         int64_t s_q, int64_t num_heads,
+                                                         int64_t kv_lora_rank, int64_t* elems) {
+  constexpr const char* kOp = "decode_workspace_elems";
+  return guarded(kOp, [&] {
+    require_pointer(kOp, "schedule", schedule);
+    require_pointer(kOp, "elems", elems);
+    *elems = mlakit::ops::mla_decode_workspace_elems(schedule->schedule, s_q, num_heads,
+                                                     kv_lora_rank);
+  });
+}
+
+MLAKIT_API mlakit_status_t mlakit_mla_decode_scheduled(
+    const DLTensor* q, const DLTensor* kv_cache, const DLTensor* block_table,
+    const DLTensor* seq_lens, const DLTensor* out, const DLTensor* lse, float scale,
+    int32_t kv_cache_dtype, float q_scale, float k_scale,
+    const mlakit_decode_schedule_t* schedule, const DLTensor* split_workspace, void* stream) {
+  constexpr const char* kOp = "mla_decode";
+  return guarded(kOp, [&] {
+    require_pointer(kOp, "schedule", schedule);
+    mlakit::ops::mla_decode(to_view(kOp, "q", q), to_view(kOp, "kv_cache", kv_cache),
+                            to_view(kOp, "block_table", block_table),
+                            to_view(kOp, "seq_lens", seq_lens), to_view(kOp, "out", out),
+                            to_view(kOp, "lse", lse),
+                            decode_params(kOp, scale, kv_cache_dtype, q_scale, k_scale),
+                            schedule->schedule, to_view(kOp, "split_workspace", split_workspace),
+                            mlakit::Stream{stream});
+  });
+}
+
+}  // extern "C"
