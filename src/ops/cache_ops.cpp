@@ -1,0 +1,217 @@
+// Cache ops (spec A.3, A.7): backend-independent argument checks, then device dispatch.
+//
+// The checks here read only tensor metadata (shape, dtype, strides, device), so a CUDA backend
+// reuses them unchanged. Checks of index *values* (slots, request ids, block ids, positions) read
+// the index tensors and therefore live with each backend's kernel (src/cpu/cache_ops.cpp).
+#include "cpu/cache_ops.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <utility>
+
+#include "core/check.hpp"
+#include "mlakit/kv_cache.hpp"
+#include "mlakit/ops.hpp"
+
+namespace mlakit::ops {
+namespace {
+
+using detail::require;
+
+constexpr const char* kConcatOp = "concat_and_cache_mla";
+constexpr const char* kGatherOp = "gather_and_maybe_dequant_cache";
+constexpr const char* kCpGatherOp = "cp_gather_cache";
+
+void check_index_tensor(const char* op, const char* name, const TensorView& t, int ndim,
+                        DType dtype) {
+  detail::check_storage(op, name, t);
+  detail::check_ndim(op, name, t, ndim);
+  detail::check_dtype(op, name, t, {dtype});
+}
+
+// Writes to distinct cache slots must not touch the same bytes (the kernels write slots in
+// parallel). With the entry contiguous, this holds when, ordering the block and offset dimensions
+// by stride, the smaller stride steps over a whole entry and the larger one over all entries of
+// the smaller dimension. Dimensions of size 1 never step.
+void check_cache_entries_disjoint(const char* op, const TensorView& cache) {
+  std::pair<int64_t, int64_t> dims[2] = {{cache.strides[0], cache.shape[0]},
+                                         {cache.strides[1], cache.shape[1]}};
+  if (dims[0].first > dims[1].first) std::swap(dims[0], dims[1]);
+  const int64_t width = cache.shape[2];
+  const bool inner_ok = dims[0].second <= 1 || dims[0].first >= width;
+  const bool outer_ok =
+      dims[1].second <= 1 || dims[1].first >= dims[0].first * std::max<int64_t>(dims[0].second, 1);
+  require(inner_ok && outer_ok, ErrorCode::kInvalidArgument, op,
+          ": kv_cache entries must not overlap, got strides [", cache.strides[0], ", ",
+          cache.strides[1], ", ", cache.strides[2], "] for shape ", detail::shape_string(cache));
+}
+
+// Rows of a [rows, width] output written in parallel must not overlap.
+void check_rows_disjoint(const char* op, const char* name, const TensorView& t) {
+  require(t.shape[0] <= 1 || t.strides[0] >= t.shape[1], ErrorCode::kInvalidArgument, op, ": ",
+          name, " rows must not overlap: row stride must be >= ", t.shape[1], ", got ",
+          t.strides[0]);
+}
+
+void check_fp8_scale(const char* op, const char* name, float scale) {
+  require(std::isfinite(scale) && scale > 0.0f, ErrorCode::kInvalidArgument, op, ": ", name,
+          " must be finite and > 0 for kv_cache_dtype fp8_e4m3, got ", scale);
+}
+
+// Block tables, lengths and starts of a gather over `batch` requests.
+void check_gather_indices(const char* op, const TensorView& block_table,
+                          const TensorView& cu_seq_lens,
+                          const std::optional<TensorView>& seq_starts, int64_t batch) {
+  check_index_tensor(op, "block_table", block_table, 2, DType::kI32);
+  detail::check_min_size(op, "block_table", block_table, 0, batch);
+  check_index_tensor(op, "cu_seq_lens", cu_seq_lens, 1, DType::kI32);
+  detail::check_min_size(op, "cu_seq_lens", cu_seq_lens, 0, batch + 1);
+  if (seq_starts) {
+    check_index_tensor(op, "seq_starts", *seq_starts, 1, DType::kI32);
+    detail::check_min_size(op, "seq_starts", *seq_starts, 0, batch);
+  }
+}
+
+void validate_concat_and_cache_mla(const TensorView& kv_c, const TensorView& k_pe,
+                                   const TensorView& kv_cache, const TensorView& slot_mapping,
+                                   KvCacheDType kv_dtype, float k_scale) {
+  const char* op = kConcatOp;
+  detail::check_storage(op, "kv_c", kv_c);
+  detail::check_storage(op, "k_pe", k_pe);
+  detail::check_ndim(op, "kv_c", kv_c, 2);
+  detail::check_ndim(op, "k_pe", k_pe, 2);
+  detail::check_float_activation(op, "kv_c", kv_c);
+  require(k_pe.dtype == kv_c.dtype, ErrorCode::kInvalidArgument, op,
+          ": k_pe must have the dtype of kv_c (", dtype_name(kv_c.dtype), "), got ",
+          dtype_name(k_pe.dtype));
+  detail::check_inner_contiguous(op, "kv_c", kv_c);
+  detail::check_inner_contiguous(op, "k_pe", k_pe);
+  // int64 only, as the spec's slot_mapping: i32 would cap the cache at 2^31 slots.
+  check_index_tensor(op, "slot_mapping", slot_mapping, 1, DType::kI64);
+  const int64_t num_tokens = slot_mapping.size(0);
+  detail::check_min_size(op, "kv_c", kv_c, 0, num_tokens);
+  detail::check_min_size(op, "k_pe", k_pe, 0, num_tokens);
+  if (kv_dtype == KvCacheDType::kFp8DsMla) {
+    require(is_float16(kv_c.dtype), ErrorCode::kInvalidArgument, op,
+            ": kv_c must have dtype f16 or bf16 for fp8_ds_mla (the rope part is stored in the "
+            "16-bit input dtype), got ",
+            dtype_name(kv_c.dtype));
+  }
+  const MlaDims dims{.kv_lora_rank = kv_c.size(1), .qk_rope_head_dim = k_pe.size(1)};
+  check_kv_cache(op, kv_cache, kv_dtype, dims);
+  if (kv_dtype == KvCacheDType::kAuto) {
+    require(kv_cache.dtype == kv_c.dtype, ErrorCode::kInvalidArgument, op,
+            ": kv_cache must have the dtype of kv_c (", dtype_name(kv_c.dtype),
+            ") for kv_cache_dtype auto, got ", dtype_name(kv_cache.dtype));
+  }
+  if (kv_dtype == KvCacheDType::kFp8E4m3) check_fp8_scale(op, "k_scale", k_scale);
+  check_cache_entries_disjoint(op, kv_cache);
+}
+
+void validate_gather_and_maybe_dequant_cache(const TensorView& src_cache, const TensorView& dst,
+                                             const TensorView& block_table,
+                                             const TensorView& cu_seq_lens,
+                                             const TensorView& token_to_seq, int64_t num_tokens,
+                                             KvCacheDType kv_dtype, float scale,
+                                             const std::optional<TensorView>& seq_starts) {
+  const char* op = kGatherOp;
+  detail::check_storage(op, "dst", dst);
+  detail::check_ndim(op, "dst", dst, 2);
+  detail::check_float_activation(op, "dst", dst);
+  detail::check_inner_contiguous(op, "dst", dst);
+  // Only the entry width matters for auto and fp8_e4m3: the whole entry is dequantized alike.
+  MlaDims dims{.kv_lora_rank = dst.size(1), .qk_rope_head_dim = 0};
+  if (kv_dtype == KvCacheDType::kFp8DsMla) {
+    detail::check_size(op, "dst", dst, 1, kDsMlaKvLoraRank + kDsMlaRopeDim);
+    require(is_float16(dst.dtype), ErrorCode::kInvalidArgument, op,
+            ": dst must have dtype f16 or bf16 for fp8_ds_mla (the rope part is stored in the "
+            "16-bit activation dtype and copied bit for bit), got ",
+            dtype_name(dst.dtype));
+    dims = MlaDims{.kv_lora_rank = kDsMlaKvLoraRank, .qk_rope_head_dim = kDsMlaRopeDim};
+  }
+  check_kv_cache(op, src_cache, kv_dtype, dims);
+  if (kv_dtype == KvCacheDType::kFp8E4m3) check_fp8_scale(op, "scale", scale);
+  check_rows_disjoint(op, "dst", dst);
+
+  check_index_tensor(op, "cu_seq_lens", cu_seq_lens, 1, DType::kI32);
+  require(cu_seq_lens.size(0) >= 1, ErrorCode::kInvalidArgument, op,
+          ": cu_seq_lens must have batch_size + 1 >= 1 elements, got 0");
+  check_gather_indices(op, block_table, cu_seq_lens, seq_starts, cu_seq_lens.size(0) - 1);
+  check_index_tensor(op, "token_to_seq", token_to_seq, 1, DType::kI32);
+  require(num_tokens >= 0, ErrorCode::kInvalidArgument, op, ": num_tokens must be >= 0, got ",
+          num_tokens);
+  detail::check_min_size(op, "dst", dst, 0, num_tokens);
+  detail::check_min_size(op, "token_to_seq", token_to_seq, 0, num_tokens);
+}
+
+void validate_cp_gather_cache(const TensorView& src_cache, const TensorView& dst,
+                              const TensorView& block_table, const TensorView& cu_seq_lens,
+                              int64_t batch_size, const std::optional<TensorView>& seq_starts) {
+  const char* op = kCpGatherOp;
+  detail::check_storage(op, "src_cache", src_cache);
+  detail::check_ndim(op, "src_cache", src_cache, 3);
+  detail::check_dtype(op, "src_cache", src_cache,
+                      {DType::kF32, DType::kF16, DType::kBF16, DType::kU8, DType::kFp8E4m3});
+  detail::check_inner_contiguous(op, "src_cache", src_cache);
+  require(src_cache.size(1) > 0, ErrorCode::kInvalidArgument, op,
+          ": src_cache block_size (shape[1]) must be > 0");
+  detail::check_storage(op, "dst", dst);
+  detail::check_ndim(op, "dst", dst, 2);
+  require(dst.dtype == src_cache.dtype, ErrorCode::kInvalidArgument, op,
+          ": src_cache and dst must have the same dtype, got src_cache ",
+          dtype_name(src_cache.dtype), " and dst ", dtype_name(dst.dtype));
+  detail::check_size(op, "dst", dst, 1, src_cache.size(2));
+  detail::check_inner_contiguous(op, "dst", dst);
+  check_rows_disjoint(op, "dst", dst);
+  require(batch_size >= 0, ErrorCode::kInvalidArgument, op, ": batch_size must be >= 0, got ",
+          batch_size);
+  check_gather_indices(op, block_table, cu_seq_lens, seq_starts, batch_size);
+}
+
+}  // namespace
+
+void concat_and_cache_mla(const TensorView& kv_c, const TensorView& k_pe,
+                          const TensorView& kv_cache, const TensorView& slot_mapping,
+                          KvCacheDType kv_dtype, float k_scale, Stream /*stream*/) {
+  const Device device = detail::common_device(
+      kConcatOp,
+      {{"kv_c", &kv_c}, {"k_pe", &k_pe}, {"kv_cache", &kv_cache}, {"slot_mapping", &slot_mapping}});
+  validate_concat_and_cache_mla(kv_c, k_pe, kv_cache, slot_mapping, kv_dtype, k_scale);
+  if (!device.is_cpu()) detail::unsupported_device(kConcatOp, device);
+  cpu::concat_and_cache_mla(kv_c, k_pe, kv_cache, slot_mapping, kv_dtype, k_scale);
+}
+
+void gather_and_maybe_dequant_cache(const TensorView& src_cache, const TensorView& dst,
+                                    const TensorView& block_table, const TensorView& cu_seq_lens,
+                                    const TensorView& token_to_seq, int64_t num_tokens,
+                                    KvCacheDType kv_dtype, float scale,
+                                    const std::optional<TensorView>& seq_starts,
+                                    Stream /*stream*/) {
+  const Device device = detail::common_device(kGatherOp, {{"src_cache", &src_cache},
+                                                          {"dst", &dst},
+                                                          {"block_table", &block_table},
+                                                          {"cu_seq_lens", &cu_seq_lens},
+                                                          {"token_to_seq", &token_to_seq}});
+  if (seq_starts) detail::check_device(kGatherOp, "seq_starts", *seq_starts, device);
+  validate_gather_and_maybe_dequant_cache(src_cache, dst, block_table, cu_seq_lens, token_to_seq,
+                                          num_tokens, kv_dtype, scale, seq_starts);
+  if (!device.is_cpu()) detail::unsupported_device(kGatherOp, device);
+  cpu::gather_and_maybe_dequant_cache(src_cache, dst, block_table, cu_seq_lens, token_to_seq,
+                                      num_tokens, kv_dtype, scale, seq_starts);
+}
+
+void cp_gather_cache(const TensorView& src_cache, const TensorView& dst,
+                     const TensorView& block_table, const TensorView& cu_seq_lens,
+                     int64_t batch_size, const std::optional<TensorView>& seq_starts,
+                     Stream /*stream*/) {
+  const Device device = detail::common_device(kCpGatherOp, {{"src_cache", &src_cache},
+                                                            {"dst", &dst},
+                                                            {"block_table", &block_table},
+                                                            {"cu_seq_lens", &cu_seq_lens}});
+  if (seq_starts) detail::check_device(kCpGatherOp, "seq_starts", *seq_starts, device);
+  validate_cp_gather_cache(src_cache, dst, block_table, cu_seq_lens, batch_size, seq_starts);
+  if (!device.is_cpu()) detail::unsupported_device(kCpGatherOp, device);
+  cpu::cp_gather_cache(src_cache, dst, block_table, cu_seq_lens, batch_size, seq_starts);
+}
+
+}  // namespace mlakit::ops
