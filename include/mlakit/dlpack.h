@@ -17,9 +17,9 @@ extern "C" {
 
 /* Where the memory of a tensor lives. */
 typedef enum {
-  kDLCPU = 1,           /* host memory */
-  kDLCUDA = 2,          /* CUDA device memory */
-  kDLCUDAHost = 3,      /* pinned host memory (cudaMallocHost); readable by the CPU */
+  kDLCPU = 1,      /* host memory */
+  kDLCUDA = 2,     /* CUDA device memory */
+  kDLCUDAHost = 3, /* pinned host memory (cudaMallocHost); readable by the CPU */
   kDLOpenCL = 4,
   kDLVulkan = 7,
   kDLMetal = 8,

@@ -66,7 +66,8 @@ MLAKIT_API int32_t mlakit_abi_version(void);
  * call (OMP_NUM_THREADS or the number of cores). */
 MLAKIT_API const char* mlakit_build_info(void);
 
-/* ---- Enumerations ------------------------------------------------------------------------------ */
+/* ---- Enumerations ------------------------------------------------------------------------------
+ */
 /* Enumerated arguments travel as int32_t (the size of a C enum is the compiler's choice); each
  * such parameter names its enumeration. */
 
@@ -92,16 +93,16 @@ typedef enum mlakit_chunk_policy {
   MLAKIT_CHUNK_PACKED = 1,      /* fill each chunk with whole contexts (fewer chunks) */
 } mlakit_chunk_policy_t;
 
-/* ---- Cache ops --------------------------------------------------------------------------------- */
+/* ---- Cache ops ---------------------------------------------------------------------------------
+ */
 
 /* vLLM concat_and_cache_mla. Writes token t (t < T) into slot slot_mapping[t] (< 0 skips).
  * kv_c: [T', L] act (row stride may exceed L); k_pe: [T', R] act; kv_cache: [num_blocks,
  * block_size, entry_width]; slot_mapping: int64 [T]; scale: k_scale of fp8 caches (> 0). */
-MLAKIT_API mlakit_status_t mlakit_concat_and_cache_mla(const DLTensor* kv_c, const DLTensor* k_pe,
-                                                       const DLTensor* kv_cache,
-                                                       const DLTensor* slot_mapping,
-                                                       int32_t kv_cache_dtype /* mlakit_kv_cache_dtype_t */,
-                                                       float scale, void* stream);
+MLAKIT_API mlakit_status_t mlakit_concat_and_cache_mla(
+    const DLTensor* kv_c, const DLTensor* k_pe, const DLTensor* kv_cache,
+    const DLTensor* slot_mapping, int32_t kv_cache_dtype /* mlakit_kv_cache_dtype_t */, float scale,
+    void* stream);
 
 /* vLLM gather_and_maybe_dequant_cache: row t < num_tokens of dst comes from request
  * b = token_to_seq[t], position t - cu_seq_lens[b] + seq_starts[b] (seq_starts may be NULL),
@@ -112,7 +113,8 @@ MLAKIT_API mlakit_status_t mlakit_concat_and_cache_mla(const DLTensor* kv_c, con
 MLAKIT_API mlakit_status_t mlakit_gather_and_maybe_dequant_cache(
     const DLTensor* src_cache, const DLTensor* dst, const DLTensor* block_table,
     const DLTensor* cu_seq_lens, const DLTensor* token_to_seq, int64_t num_tokens,
-    int32_t kv_cache_dtype /* mlakit_kv_cache_dtype_t */, float scale, const DLTensor* seq_starts, void* stream);
+    int32_t kv_cache_dtype /* mlakit_kv_cache_dtype_t */, float scale, const DLTensor* seq_starts,
+    void* stream);
 
 /* vLLM cp_gather_cache: raw copy of request b's positions [seq_starts[b], + len_b) into dst rows
  * [cu_seq_lens[b], cu_seq_lens[b + 1]). src_cache: [num_blocks, block_size, W]; dst: [rows, W]
@@ -123,7 +125,8 @@ MLAKIT_API mlakit_status_t mlakit_cp_gather_cache(const DLTensor* src_cache, con
                                                   const DLTensor* cu_seq_lens, int64_t batch_size,
                                                   const DLTensor* seq_starts, void* stream);
 
-/* ---- Attention pieces -------------------------------------------------------------------------- */
+/* ---- Attention pieces --------------------------------------------------------------------------
+ */
 
 /* vLLM merge_attn_states (argument order as vLLM's). output, prefix_output, suffix_output:
  * [T, H, D] f32/f16/bf16; prefix_lse, suffix_lse: f32 [H, T]; output_lse: f32 [H, T] or NULL.
@@ -150,8 +153,8 @@ MLAKIT_API mlakit_status_t mlakit_scaled_fp8_quant(const DLTensor* input, const 
 MLAKIT_API mlakit_status_t mlakit_mla_decode(const DLTensor* q, const DLTensor* kv_cache,
                                              const DLTensor* block_table, const DLTensor* seq_lens,
                                              const DLTensor* out, const DLTensor* lse, float scale,
-                                             int32_t kv_cache_dtype /* mlakit_kv_cache_dtype_t */, float q_scale,
-                                             float k_scale);
+                                             int32_t kv_cache_dtype /* mlakit_kv_cache_dtype_t */,
+                                             float q_scale, float k_scale);
 
 /* The split-KV schedule of a decode batch, planned on the host from the host copy of seq_lens. */
 typedef struct mlakit_decode_schedule mlakit_decode_schedule_t;
@@ -187,7 +190,8 @@ MLAKIT_API mlakit_status_t mlakit_mla_prefill(const DLTensor* q, const DLTensor*
                                               const DLTensor* out, const DLTensor* lse,
                                               void* stream);
 
-/* ---- Planning (pure host code) ----------------------------------------------------------------- */
+/* ---- Planning (pure host code) -----------------------------------------------------------------
+ */
 
 typedef struct mlakit_split_counts {
   int64_t num_decodes;
@@ -196,13 +200,11 @@ typedef struct mlakit_split_counts {
   int64_t num_prefill_tokens;
 } mlakit_split_counts_t;
 
-/* Decode/prefill split of a batch already ordered decodes-first. query_start_loc: [num_reqs + 1]. */
-MLAKIT_API mlakit_status_t mlakit_split_decodes_and_prefills(const int32_t* query_start_loc,
-                                                             int64_t num_reqs,
-                                                             int64_t num_actual_tokens,
-                                                             int64_t decode_threshold,
-                                                             int32_t require_uniform,
-                                                             mlakit_split_counts_t* counts);
+/* Decode/prefill split of a batch already ordered decodes-first. query_start_loc: [num_reqs + 1].
+ */
+MLAKIT_API mlakit_status_t mlakit_split_decodes_and_prefills(
+    const int32_t* query_start_loc, int64_t num_reqs, int64_t num_actual_tokens,
+    int64_t decode_threshold, int32_t require_uniform, mlakit_split_counts_t* counts);
 
 /* Decodes-first order: order[i] (caller-allocated, [num_reqs]) = input index of the request
  * placed at position i. num_scheduled, num_computed: [num_reqs]. */
@@ -244,15 +246,15 @@ typedef struct mlakit_plan_summary {
   int64_t num_reqs;
   int64_t num_actual_tokens;
   mlakit_split_counts_t split;
-  int64_t decode_query_len;      /* common q_len of the decodes (uniform), else 0 */
+  int64_t decode_query_len; /* common q_len of the decodes (uniform), else 0 */
   int64_t max_decode_query_len;
   int64_t prefill_max_query_len;
-  int64_t num_context_chunks;    /* 0 when no prefill has context */
-  int64_t decode_total_splits;   /* split-KV pieces of the decode schedule */
-  int64_t decode_max_splits;     /* most pieces of one decode request */
+  int64_t num_context_chunks;  /* 0 when no prefill has context */
+  int64_t decode_total_splits; /* split-KV pieces of the decode schedule */
+  int64_t decode_max_splits;   /* most pieces of one decode request */
 } mlakit_plan_summary_t;
-MLAKIT_API mlakit_status_t mlakit_plan_summary(const mlakit_plan_t* plan,
-                                               mlakit_plan_summary_t* summary);
+MLAKIT_API mlakit_status_t mlakit_plan_get_summary(const mlakit_plan_t* plan,
+                                                   mlakit_plan_summary_t* summary);
 
 typedef enum mlakit_plan_array {
   MLAKIT_PLAN_PREFILL_QUERY_START_LOC = 0, /* [num_prefills + 1], rebased to 0 */
@@ -262,8 +264,9 @@ typedef enum mlakit_plan_array {
 } mlakit_plan_array_t;
 /* Borrowed pointer into the plan (valid until mlakit_plan_destroy); *data may be NULL when
  * *length is 0. */
-MLAKIT_API mlakit_status_t mlakit_plan_array(const mlakit_plan_t* plan, int32_t which /* mlakit_plan_array_t */,
-                                             const int32_t** data, int64_t* length);
+MLAKIT_API mlakit_status_t mlakit_plan_get_array(const mlakit_plan_t* plan,
+                                                 int32_t which /* mlakit_plan_array_t */,
+                                                 const int32_t** data, int64_t* length);
 
 typedef enum mlakit_chunk_array {
   MLAKIT_CHUNK_STARTS = 0,       /* [num_prefills] first context position gathered */
@@ -272,11 +275,11 @@ typedef enum mlakit_chunk_array {
   MLAKIT_CHUNK_TOKEN_TO_SEQ = 3, /* [total_tokens] prefill request of each workspace row */
 } mlakit_chunk_array_t;
 /* Context chunk `chunk` (0 <= chunk < num_context_chunks). */
-MLAKIT_API mlakit_status_t mlakit_plan_chunk_info(const mlakit_plan_t* plan, int64_t chunk,
-                                                  int64_t* total_tokens, int64_t* max_seq_len);
-MLAKIT_API mlakit_status_t mlakit_plan_chunk_array(const mlakit_plan_t* plan, int64_t chunk,
-                                                   int32_t which /* mlakit_chunk_array_t */,
-                                                   const int32_t** data, int64_t* length);
+MLAKIT_API mlakit_status_t mlakit_plan_get_chunk_info(const mlakit_plan_t* plan, int64_t chunk,
+                                                      int64_t* total_tokens, int64_t* max_seq_len);
+MLAKIT_API mlakit_status_t mlakit_plan_get_chunk_array(const mlakit_plan_t* plan, int64_t chunk,
+                                                       int32_t which /* mlakit_chunk_array_t */,
+                                                       const int32_t** data, int64_t* length);
 
 /* ---- MlaAttention: one MLA layer ------------------------------------------------------------- */
 

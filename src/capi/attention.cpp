@@ -108,9 +108,11 @@ MLAKIT_API mlakit_status_t mlakit_attention_create(const mlakit_mla_config_t* co
     require_pointer(kOp, "attention", attention);
     *attention = nullptr;
     require_pointer(kOp, "config", config);
-    *attention = new mlakit_attention(
-        to_config(kOp, *config), to_view(kOp, "kv_b_proj_weight", kv_b_proj_weight),
-        mlakit::capi::to_optional_view(kOp, "kv_b_proj_scale_inv", kv_b_proj_scale_inv));
+    const mlakit::MlaAttentionConfig layer_config = to_config(kOp, *config);
+    const mlakit::TensorView weight = to_view(kOp, "kv_b_proj_weight", kv_b_proj_weight);
+    const std::optional<mlakit::TensorView> scale_inv =
+        mlakit::capi::to_optional_view(kOp, "kv_b_proj_scale_inv", kv_b_proj_scale_inv);
+    *attention = new mlakit_attention(layer_config, weight, scale_inv);
   });
 }
 
@@ -155,10 +157,14 @@ MLAKIT_API mlakit_status_t mlakit_attention_forward(mlakit_attention_t* attentio
     mlakit::ForwardScales scales;
     scales.q_scale = q_scale;
     scales.k_scale = k_scale;
-    attention->layer.forward(to_view(kOp, "q", q), to_view(kOp, "kv_c_normed", kv_c_normed),
-                             to_view(kOp, "k_pe", k_pe), to_view(kOp, "kv_cache", kv_cache),
-                             forward_batch ? &*forward_batch : nullptr,
-                             to_view(kOp, "output", output), scales, mlakit::Stream{stream});
+    const mlakit::TensorView q_view = to_view(kOp, "q", q);
+    const mlakit::TensorView kv_c_normed_view = to_view(kOp, "kv_c_normed", kv_c_normed);
+    const mlakit::TensorView k_pe_view = to_view(kOp, "k_pe", k_pe);
+    const mlakit::TensorView kv_cache_view = to_view(kOp, "kv_cache", kv_cache);
+    const mlakit::TensorView output_view = to_view(kOp, "output", output);
+    attention->layer.forward(q_view, kv_c_normed_view, k_pe_view, kv_cache_view,
+                             forward_batch ? &*forward_batch : nullptr, output_view, scales,
+                             mlakit::Stream{stream});
   });
 }
 

@@ -26,10 +26,11 @@ Device to_device(const char* op, const char* name, DLDevice device) {
               " has a negative CUDA device id ", device.device_id);
       return Device::cuda(device.device_id);
     default:
-      detail::fail(ErrorCode::kUnsupported,
-                   detail::str_cat(op, ": ", name, " lives on DLPack device type ",
-                                   static_cast<int>(device.device_type),
-                                   "; mlakit supports kDLCPU (1), kDLCUDA (2) and kDLCUDAHost (3)"));
+      detail::fail(
+          ErrorCode::kUnsupported,
+          detail::str_cat(op, ": ", name, " lives on DLPack device type ",
+                          static_cast<int>(device.device_type),
+                          "; mlakit supports kDLCPU (1), kDLCUDA (2) and kDLCUDAHost (3)"));
   }
 }
 
@@ -69,11 +70,11 @@ DType to_dtype(const char* op, const char* name, DLDataType dtype) {
     default:
       break;
   }
-  detail::fail(ErrorCode::kInvalidArgument,
-               detail::str_cat(op, ": ", name, " has unsupported DLPack dtype ",
-                               dtype_string(dtype),
-                               "; expected float32, float16, bfloat16, float8_e4m3fn, uint8, "
-                               "int32 or int64"));
+  detail::fail(
+      ErrorCode::kInvalidArgument,
+      detail::str_cat(op, ": ", name, " has unsupported DLPack dtype ", dtype_string(dtype),
+                      "; expected float32, float16, bfloat16, float8_e4m3fn, uint8, "
+                      "int32 or int64"));
 }
 
 TensorView to_view(const char* op, const char* name, const DLTensor* tensor) {
@@ -81,8 +82,8 @@ TensorView to_view(const char* op, const char* name, const DLTensor* tensor) {
   const DLTensor& t = *tensor;
   require(t.ndim >= 0 && t.ndim <= kMaxDims, ErrorCode::kInvalidArgument, op, ": ", name,
           " must have at most ", kMaxDims, " dimensions, got ", t.ndim);
-  require(t.ndim == 0 || t.shape != nullptr, ErrorCode::kInvalidArgument, op, ": ", name,
-          " has ", t.ndim, " dimensions but a NULL shape");
+  require(t.ndim == 0 || t.shape != nullptr, ErrorCode::kInvalidArgument, op, ": ", name, " has ",
+          t.ndim, " dimensions but a NULL shape");
 
   TensorView view;
   view.dtype = to_dtype(op, name, t.dtype);

@@ -31,15 +31,17 @@ extern "C" {
 MLAKIT_API mlakit_status_t mlakit_mla_decode(const DLTensor* q, const DLTensor* kv_cache,
                                              const DLTensor* block_table, const DLTensor* seq_lens,
                                              const DLTensor* out, const DLTensor* lse, float scale,
-                                             int32_t kv_cache_dtype, float q_scale,
-                                             float k_scale) {
+                                             int32_t kv_cache_dtype, float q_scale, float k_scale) {
   constexpr const char* kOp = "mla_decode";
   return guarded(kOp, [&] {
-    mlakit::ops::mla_decode(to_view(kOp, "q", q), to_view(kOp, "kv_cache", kv_cache),
-                            to_view(kOp, "block_table", block_table),
-                            to_view(kOp, "seq_lens", seq_lens), to_view(kOp, "out", out),
-                            to_view(kOp, "lse", lse),
-                            decode_params(kOp, scale, kv_cache_dtype, q_scale, k_scale));
+    const mlakit::TensorView q_view = to_view(kOp, "q", q);
+    const mlakit::TensorView kv_cache_view = to_view(kOp, "kv_cache", kv_cache);
+    const mlakit::TensorView block_table_view = to_view(kOp, "block_table", block_table);
+    const mlakit::TensorView seq_lens_view = to_view(kOp, "seq_lens", seq_lens);
+    const mlakit::TensorView out_view = to_view(kOp, "out", out);
+    const mlakit::TensorView lse_view = to_view(kOp, "lse", lse);
+    mlakit::ops::mla_decode(q_view, kv_cache_view, block_table_view, seq_lens_view, out_view,
+                            lse_view, decode_params(kOp, scale, kv_cache_dtype, q_scale, k_scale));
   });
 }
 
@@ -54,8 +56,7 @@ MLAKIT_API mlakit_status_t mlakit_plan_decode_splits(const int32_t* seq_lens, in
     if (num_seqs > 0) require_pointer(kOp, "seq_lens", seq_lens);
     auto handle = std::make_unique<mlakit_decode_schedule>();
     handle->schedule = mlakit::plan_decode_splits(
-        std::span<const int32_t>(seq_lens, static_cast<size_t>(num_seqs)), block_size,
-        num_workers);
+        std::span<const int32_t>(seq_lens, static_cast<size_t>(num_seqs)), block_size, num_workers);
     *schedule = handle.release();
   });
 }
@@ -65,8 +66,7 @@ MLAKIT_API void mlakit_decode_schedule_destroy(mlakit_decode_schedule_t* schedul
 }
 
 MLAKIT_API mlakit_status_t mlakit_decode_schedule_info(const mlakit_decode_schedule_t* schedule,
-                                                       int64_t* total_splits,
-                                                       int64_t* max_splits) {
+                                                       int64_t* total_splits, int64_t* max_splits) {
   constexpr const char* kOp = "decode_schedule_info";
   return guarded(kOp, [&] {
     require_pointer(kOp, "schedule", schedule);
@@ -84,26 +84,30 @@ MLAKIT_API mlakit_status_t mlakit_decode_workspace_elems(const mlakit_decode_sch
   return guarded(kOp, [&] {
     require_pointer(kOp, "schedule", schedule);
     require_pointer(kOp, "elems", elems);
-    *elems = mlakit::ops::mla_decode_workspace_elems(schedule->schedule, s_q, num_heads,
-                                                     kv_lora_rank);
+    *elems =
+        mlakit::ops::mla_decode_workspace_elems(schedule->schedule, s_q, num_heads, kv_lora_rank);
   });
 }
 
 MLAKIT_API mlakit_status_t mlakit_mla_decode_scheduled(
     const DLTensor* q, const DLTensor* kv_cache, const DLTensor* block_table,
     const DLTensor* seq_lens, const DLTensor* out, const DLTensor* lse, float scale,
-    int32_t kv_cache_dtype, float q_scale, float k_scale,
-    const mlakit_decode_schedule_t* schedule, const DLTensor* split_workspace, void* stream) {
+    int32_t kv_cache_dtype, float q_scale, float k_scale, const mlakit_decode_schedule_t* schedule,
+    const DLTensor* split_workspace, void* stream) {
   constexpr const char* kOp = "mla_decode";
   return guarded(kOp, [&] {
     require_pointer(kOp, "schedule", schedule);
-    mlakit::ops::mla_decode(to_view(kOp, "q", q), to_view(kOp, "kv_cache", kv_cache),
-                            to_view(kOp, "block_table", block_table),
-                            to_view(kOp, "seq_lens", seq_lens), to_view(kOp, "out", out),
-                            to_view(kOp, "lse", lse),
-                            decode_params(kOp, scale, kv_cache_dtype, q_scale, k_scale),
-                            schedule->schedule, to_view(kOp, "split_workspace", split_workspace),
-                            mlakit::Stream{stream});
+    const mlakit::TensorView q_view = to_view(kOp, "q", q);
+    const mlakit::TensorView kv_cache_view = to_view(kOp, "kv_cache", kv_cache);
+    const mlakit::TensorView block_table_view = to_view(kOp, "block_table", block_table);
+    const mlakit::TensorView seq_lens_view = to_view(kOp, "seq_lens", seq_lens);
+    const mlakit::TensorView out_view = to_view(kOp, "out", out);
+    const mlakit::TensorView lse_view = to_view(kOp, "lse", lse);
+    const mlakit::TensorView split_workspace_view =
+        to_view(kOp, "split_workspace", split_workspace);
+    mlakit::ops::mla_decode(q_view, kv_cache_view, block_table_view, seq_lens_view, out_view,
+                            lse_view, decode_params(kOp, scale, kv_cache_dtype, q_scale, k_scale),
+                            schedule->schedule, split_workspace_view, mlakit::Stream{stream});
   });
 }
 

@@ -28,9 +28,9 @@ std::string make_build_info() {
   auto flag = [](bool on) { return on ? "true" : "false"; };
   return mlakit::detail::str_cat(
       "{\"version\": \"", MLAKIT_VERSION, "\", \"abi\": ", MLAKIT_C_ABI_VERSION,
-      ", \"cuda\": ", flag(kWithCuda), ", \"blas\": \"openblas\", \"openmp\": ",
-      flag(kWithOpenMp), ", \"threads\": ", mlakit::cpu::num_threads(),
-      ", \"sanitizers\": ", flag(kWithSanitizers), "}");
+      ", \"cuda\": ", flag(kWithCuda), ", \"blas\": \"openblas\", \"openmp\": ", flag(kWithOpenMp),
+      ", \"threads\": ", mlakit::cpu::num_threads(), ", \"sanitizers\": ", flag(kWithSanitizers),
+      "}");
 }
 
 }  // namespace
@@ -68,8 +68,7 @@ MLAKIT_API const char* mlakit_status_name(int32_t status) {
   return "unknown";
 }
 
-MLAKIT_API mlakit_status_t mlakit_parse_kv_cache_dtype(const char* name,
-                                                       int32_t* kv_cache_dtype) {
+MLAKIT_API mlakit_status_t mlakit_parse_kv_cache_dtype(const char* name, int32_t* kv_cache_dtype) {
   constexpr const char* kOp = "parse_kv_cache_dtype";
   return mlakit::capi::guarded(kOp, [&] {
     mlakit::capi::require_pointer(kOp, "name", name);

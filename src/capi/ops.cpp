@@ -14,30 +14,36 @@ extern "C" {
 MLAKIT_API mlakit_status_t mlakit_concat_and_cache_mla(const DLTensor* kv_c, const DLTensor* k_pe,
                                                        const DLTensor* kv_cache,
                                                        const DLTensor* slot_mapping,
-                                                       int32_t kv_cache_dtype,
-                                                       float scale, void* stream) {
+                                                       int32_t kv_cache_dtype, float scale,
+                                                       void* stream) {
   constexpr const char* kOp = "concat_and_cache_mla";
   return guarded(kOp, [&] {
-    mlakit::ops::concat_and_cache_mla(
-        to_view(kOp, "kv_c", kv_c), to_view(kOp, "k_pe", k_pe), to_view(kOp, "kv_cache", kv_cache),
-        to_view(kOp, "slot_mapping", slot_mapping), to_kv_cache_dtype(kOp, kv_cache_dtype), scale,
-        Stream{stream});
+    const mlakit::TensorView kv_c_view = to_view(kOp, "kv_c", kv_c);
+    const mlakit::TensorView k_pe_view = to_view(kOp, "k_pe", k_pe);
+    const mlakit::TensorView kv_cache_view = to_view(kOp, "kv_cache", kv_cache);
+    const mlakit::TensorView slot_mapping_view = to_view(kOp, "slot_mapping", slot_mapping);
+    mlakit::ops::concat_and_cache_mla(kv_c_view, k_pe_view, kv_cache_view, slot_mapping_view,
+                                      to_kv_cache_dtype(kOp, kv_cache_dtype), scale,
+                                      Stream{stream});
   });
 }
 
 MLAKIT_API mlakit_status_t mlakit_gather_and_maybe_dequant_cache(
     const DLTensor* src_cache, const DLTensor* dst, const DLTensor* block_table,
     const DLTensor* cu_seq_lens, const DLTensor* token_to_seq, int64_t num_tokens,
-    int32_t kv_cache_dtype, float scale, const DLTensor* seq_starts,
-    void* stream) {
+    int32_t kv_cache_dtype, float scale, const DLTensor* seq_starts, void* stream) {
   constexpr const char* kOp = "gather_and_maybe_dequant_cache";
   return guarded(kOp, [&] {
+    const mlakit::TensorView src_cache_view = to_view(kOp, "src_cache", src_cache);
+    const mlakit::TensorView dst_view = to_view(kOp, "dst", dst);
+    const mlakit::TensorView block_table_view = to_view(kOp, "block_table", block_table);
+    const mlakit::TensorView cu_seq_lens_view = to_view(kOp, "cu_seq_lens", cu_seq_lens);
+    const mlakit::TensorView token_to_seq_view = to_view(kOp, "token_to_seq", token_to_seq);
+    const std::optional<mlakit::TensorView> seq_starts_view =
+        to_optional_view(kOp, "seq_starts", seq_starts);
     mlakit::ops::gather_and_maybe_dequant_cache(
-        to_view(kOp, "src_cache", src_cache), to_view(kOp, "dst", dst),
-        to_view(kOp, "block_table", block_table), to_view(kOp, "cu_seq_lens", cu_seq_lens),
-        to_view(kOp, "token_to_seq", token_to_seq), num_tokens,
-        to_kv_cache_dtype(kOp, kv_cache_dtype), scale,
-        to_optional_view(kOp, "seq_starts", seq_starts), Stream{stream});
+        src_cache_view, dst_view, block_table_view, cu_seq_lens_view, token_to_seq_view, num_tokens,
+        to_kv_cache_dtype(kOp, kv_cache_dtype), scale, seq_starts_view, Stream{stream});
   });
 }
 
@@ -47,10 +53,14 @@ MLAKIT_API mlakit_status_t mlakit_cp_gather_cache(const DLTensor* src_cache, con
                                                   const DLTensor* seq_starts, void* stream) {
   constexpr const char* kOp = "cp_gather_cache";
   return guarded(kOp, [&] {
-    mlakit::ops::cp_gather_cache(to_view(kOp, "src_cache", src_cache), to_view(kOp, "dst", dst),
-                                 to_view(kOp, "block_table", block_table),
-                                 to_view(kOp, "cu_seq_lens", cu_seq_lens), batch_size,
-                                 to_optional_view(kOp, "seq_starts", seq_starts), Stream{stream});
+    const mlakit::TensorView src_cache_view = to_view(kOp, "src_cache", src_cache);
+    const mlakit::TensorView dst_view = to_view(kOp, "dst", dst);
+    const mlakit::TensorView block_table_view = to_view(kOp, "block_table", block_table);
+    const mlakit::TensorView cu_seq_lens_view = to_view(kOp, "cu_seq_lens", cu_seq_lens);
+    const std::optional<mlakit::TensorView> seq_starts_view =
+        to_optional_view(kOp, "seq_starts", seq_starts);
+    mlakit::ops::cp_gather_cache(src_cache_view, dst_view, block_table_view, cu_seq_lens_view,
+                                 batch_size, seq_starts_view, Stream{stream});
   });
 }
 
@@ -62,11 +72,16 @@ MLAKIT_API mlakit_status_t mlakit_merge_attn_states(const DLTensor* output,
                                                     const DLTensor* output_lse, void* stream) {
   constexpr const char* kOp = "merge_attn_states";
   return guarded(kOp, [&] {
-    mlakit::ops::merge_attn_states(
-        to_view(kOp, "output", output), to_optional_view(kOp, "output_lse", output_lse),
-        to_view(kOp, "prefix_output", prefix_output), to_view(kOp, "prefix_lse", prefix_lse),
-        to_view(kOp, "suffix_output", suffix_output), to_view(kOp, "suffix_lse", suffix_lse),
-        Stream{stream});
+    const mlakit::TensorView output_view = to_view(kOp, "output", output);
+    const std::optional<mlakit::TensorView> output_lse_view =
+        to_optional_view(kOp, "output_lse", output_lse);
+    const mlakit::TensorView prefix_output_view = to_view(kOp, "prefix_output", prefix_output);
+    const mlakit::TensorView prefix_lse_view = to_view(kOp, "prefix_lse", prefix_lse);
+    const mlakit::TensorView suffix_output_view = to_view(kOp, "suffix_output", suffix_output);
+    const mlakit::TensorView suffix_lse_view = to_view(kOp, "suffix_lse", suffix_lse);
+    mlakit::ops::merge_attn_states(output_view, output_lse_view, prefix_output_view,
+                                   prefix_lse_view, suffix_output_view, suffix_lse_view,
+                                   Stream{stream});
   });
 }
 
@@ -74,8 +89,9 @@ MLAKIT_API mlakit_status_t mlakit_scaled_fp8_quant(const DLTensor* input, const 
                                                    float scale, void* stream) {
   constexpr const char* kOp = "scaled_fp8_quant";
   return guarded(kOp, [&] {
-    mlakit::ops::scaled_fp8_quant(to_view(kOp, "input", input), to_view(kOp, "out", out), scale,
-                                  Stream{stream});
+    const mlakit::TensorView input_view = to_view(kOp, "input", input);
+    const mlakit::TensorView out_view = to_view(kOp, "out", out);
+    mlakit::ops::scaled_fp8_quant(input_view, out_view, scale, Stream{stream});
   });
 }
 
@@ -88,12 +104,17 @@ MLAKIT_API mlakit_status_t mlakit_mla_prefill(const DLTensor* q, const DLTensor*
                                               void* stream) {
   constexpr const char* kOp = "mla_prefill";
   return guarded(kOp, [&] {
-    mlakit::ops::mla_prefill(to_view(kOp, "q", q), to_view(kOp, "k_nope", k_nope),
-                             to_view(kOp, "k_pe", k_pe), to_view(kOp, "v", v),
-                             to_view(kOp, "cu_seqlens_q", cu_seqlens_q),
-                             to_view(kOp, "cu_seqlens_k", cu_seqlens_k), max_seqlen_q,
-                             max_seqlen_k, scale, causal != 0, to_view(kOp, "out", out),
-                             to_optional_view(kOp, "lse", lse), Stream{stream});
+    const mlakit::TensorView q_view = to_view(kOp, "q", q);
+    const mlakit::TensorView k_nope_view = to_view(kOp, "k_nope", k_nope);
+    const mlakit::TensorView k_pe_view = to_view(kOp, "k_pe", k_pe);
+    const mlakit::TensorView v_view = to_view(kOp, "v", v);
+    const mlakit::TensorView cu_seqlens_q_view = to_view(kOp, "cu_seqlens_q", cu_seqlens_q);
+    const mlakit::TensorView cu_seqlens_k_view = to_view(kOp, "cu_seqlens_k", cu_seqlens_k);
+    const mlakit::TensorView out_view = to_view(kOp, "out", out);
+    const std::optional<mlakit::TensorView> lse_view = to_optional_view(kOp, "lse", lse);
+    mlakit::ops::mla_prefill(q_view, k_nope_view, k_pe_view, v_view, cu_seqlens_q_view,
+                             cu_seqlens_k_view, max_seqlen_q, max_seqlen_k, scale, causal != 0,
+                             out_view, lse_view, Stream{stream});
   });
 }
 

@@ -48,12 +48,9 @@ const mlakit::ContextChunk& chunk_at(const char* op, const mlakit_plan_t* plan, 
 
 extern "C" {
 
-MLAKIT_API mlakit_status_t mlakit_split_decodes_and_prefills(const int32_t* query_start_loc,
-                                                             int64_t num_reqs,
-                                                             int64_t num_actual_tokens,
-                                                             int64_t decode_threshold,
-                                                             int32_t require_uniform,
-                                                             mlakit_split_counts_t* counts) {
+MLAKIT_API mlakit_status_t mlakit_split_decodes_and_prefills(
+    const int32_t* query_start_loc, int64_t num_reqs, int64_t num_actual_tokens,
+    int64_t decode_threshold, int32_t require_uniform, mlakit_split_counts_t* counts) {
   constexpr const char* kOp = "split_decodes_and_prefills";
   return guarded(kOp, [&] {
     require_pointer(kOp, "counts", counts);
@@ -143,9 +140,9 @@ MLAKIT_API mlakit_status_t mlakit_make_plan(const int32_t* query_start_loc, cons
 
 MLAKIT_API void mlakit_plan_destroy(mlakit_plan_t* plan) { delete plan; }
 
-MLAKIT_API mlakit_status_t mlakit_plan_summary(const mlakit_plan_t* plan,
-                                               mlakit_plan_summary_t* summary) {
-  constexpr const char* kOp = "plan_summary";
+MLAKIT_API mlakit_status_t mlakit_plan_get_summary(const mlakit_plan_t* plan,
+                                                   mlakit_plan_summary_t* summary) {
+  constexpr const char* kOp = "plan_get_summary";
   return guarded(kOp, [&] {
     require_pointer(kOp, "plan", plan);
     require_pointer(kOp, "summary", summary);
@@ -162,9 +159,9 @@ MLAKIT_API mlakit_status_t mlakit_plan_summary(const mlakit_plan_t* plan,
   });
 }
 
-MLAKIT_API mlakit_status_t mlakit_plan_array(const mlakit_plan_t* plan, int32_t which,
-                                             const int32_t** data, int64_t* length) {
-  constexpr const char* kOp = "plan_array";
+MLAKIT_API mlakit_status_t mlakit_plan_get_array(const mlakit_plan_t* plan, int32_t which,
+                                                 const int32_t** data, int64_t* length) {
+  constexpr const char* kOp = "plan_get_array";
   return guarded(kOp, [&] {
     require_pointer(kOp, "plan", plan);
     require_pointer(kOp, "data", data);
@@ -185,9 +182,9 @@ MLAKIT_API mlakit_status_t mlakit_plan_array(const mlakit_plan_t* plan, int32_t 
   });
 }
 
-MLAKIT_API mlakit_status_t mlakit_plan_chunk_info(const mlakit_plan_t* plan, int64_t chunk,
-                                                  int64_t* total_tokens, int64_t* max_seq_len) {
-  constexpr const char* kOp = "plan_chunk_info";
+MLAKIT_API mlakit_status_t mlakit_plan_get_chunk_info(const mlakit_plan_t* plan, int64_t chunk,
+                                                      int64_t* total_tokens, int64_t* max_seq_len) {
+  constexpr const char* kOp = "plan_get_chunk_info";
   return guarded(kOp, [&] {
     const mlakit::ContextChunk& c = chunk_at(kOp, plan, chunk);
     require_pointer(kOp, "total_tokens", total_tokens);
@@ -197,10 +194,10 @@ MLAKIT_API mlakit_status_t mlakit_plan_chunk_info(const mlakit_plan_t* plan, int
   });
 }
 
-MLAKIT_API mlakit_status_t mlakit_plan_chunk_array(const mlakit_plan_t* plan, int64_t chunk,
-                                                   int32_t which,
-                                                   const int32_t** data, int64_t* length) {
-  constexpr const char* kOp = "plan_chunk_array";
+MLAKIT_API mlakit_status_t mlakit_plan_get_chunk_array(const mlakit_plan_t* plan, int64_t chunk,
+                                                       int32_t which, const int32_t** data,
+                                                       int64_t* length) {
+  constexpr const char* kOp = "plan_get_chunk_array";
   return guarded(kOp, [&] {
     const mlakit::ContextChunk& c = chunk_at(kOp, plan, chunk);
     require_pointer(kOp, "data", data);

@@ -10,14 +10,14 @@
 static int g_passed = 0;
 static int g_failed = 0;
 
-#define CHECK(cond)                                                    \
-  do {                                                                 \
-    if (cond) {                                                        \
-      ++g_passed;                                                      \
-    } else {                                                           \
-      ++g_failed;                                                      \
+#define CHECK(cond)                                                            \
+  do {                                                                         \
+    if (cond) {                                                                \
+      ++g_passed;                                                              \
+    } else {                                                                   \
+      ++g_failed;                                                              \
       fprintf(stderr, "%s:%d: CHECK failed: %s\n", __FILE__, __LINE__, #cond); \
-    }                                                                  \
+    }                                                                          \
   } while (0)
 
 /* Checks status == expected and, when expected != OK, that the message contains `needle`. */
@@ -71,9 +71,9 @@ static void test_version(void) {
 
 static void test_errors(void) {
   /* NULL required tensor: named in the message. */
-  CHECK_STATUS(mlakit_concat_and_cache_mla(NULL, NULL, NULL, NULL, MLAKIT_KV_CACHE_AUTO, 1.0f,
-                                           NULL),
-               MLAKIT_ERROR_INVALID_ARGUMENT, "concat_and_cache_mla: kv_c must not be NULL");
+  CHECK_STATUS(
+      mlakit_concat_and_cache_mla(NULL, NULL, NULL, NULL, MLAKIT_KV_CACHE_AUTO, 1.0f, NULL),
+      MLAKIT_ERROR_INVALID_ARGUMENT, "concat_and_cache_mla: kv_c must not be NULL");
 
   /* float64 is not an mlakit dtype. */
   double values[2] = {0.0, 0.0};
@@ -115,8 +115,8 @@ static void test_errors(void) {
   CHECK_STATUS(mlakit_make_plan(qsl2, seq_lens, 1, 3, 1, &config, &plan), MLAKIT_OK, NULL);
   int64_t total = 0;
   int64_t max_len = 0;
-  CHECK_STATUS(mlakit_plan_chunk_info(plan, 0, &total, &max_len), MLAKIT_ERROR_OUT_OF_RANGE,
-               "plan_chunk_info: chunk must be in [0, 0), got 0");
+  CHECK_STATUS(mlakit_plan_get_chunk_info(plan, 0, &total, &max_len), MLAKIT_ERROR_OUT_OF_RANGE,
+               "plan_get_chunk_info: chunk must be in [0, 0), got 0");
   mlakit_plan_destroy(plan);
 }
 
@@ -137,16 +137,17 @@ static void test_planner(void) {
   mlakit_plan_t* plan = NULL;
   CHECK_STATUS(mlakit_make_plan(qsl, seq_lens, 2, 5, 3, &config, &plan), MLAKIT_OK, NULL);
   mlakit_plan_summary_t summary;
-  CHECK_STATUS(mlakit_plan_summary(plan, &summary), MLAKIT_OK, NULL);
+  CHECK_STATUS(mlakit_plan_get_summary(plan, &summary), MLAKIT_OK, NULL);
   CHECK(summary.num_context_chunks == 1);
   const int32_t* context_lens = NULL;
   int64_t length = 0;
-  CHECK_STATUS(mlakit_plan_array(plan, MLAKIT_PLAN_PREFILL_CONTEXT_LENS, &context_lens, &length),
-               MLAKIT_OK, NULL);
+  CHECK_STATUS(
+      mlakit_plan_get_array(plan, MLAKIT_PLAN_PREFILL_CONTEXT_LENS, &context_lens, &length),
+      MLAKIT_OK, NULL);
   CHECK(length == 1 && context_lens[0] == 6);
   const int32_t* cu = NULL;
-  CHECK_STATUS(mlakit_plan_chunk_array(plan, 0, MLAKIT_CHUNK_CU_SEQ_LENS, &cu, &length), MLAKIT_OK,
-               NULL);
+  CHECK_STATUS(mlakit_plan_get_chunk_array(plan, 0, MLAKIT_CHUNK_CU_SEQ_LENS, &cu, &length),
+               MLAKIT_OK, NULL);
   CHECK(length == 2 && cu[0] == 0 && cu[1] == 6);
   mlakit_plan_destroy(plan);
 }
@@ -155,9 +156,9 @@ static void test_planner(void) {
  * lse ln 3, so the weights are 1/4 and 3/4: out = [2.5, 4.25], lse = ln 4. Head 1: both sides
  * empty (-inf): out = 0, lse = -inf. */
 static void test_merge(void) {
-  float prefix[4] = {1.0f, 2.0f, 7.0f, 7.0f};   /* [T, H, D] */
-  float suffix[4] = {3.0f, 5.0f, 9.0f, 9.0f};   /* [T, H, D] */
-  float prefix_lse[2] = {0.0f, -INFINITY};      /* [H, T] */
+  float prefix[4] = {1.0f, 2.0f, 7.0f, 7.0f};    /* [T, H, D] */
+  float suffix[4] = {3.0f, 5.0f, 9.0f, 9.0f};    /* [T, H, D] */
+  float prefix_lse[2] = {0.0f, -INFINITY};       /* [H, T] */
   float suffix_lse[2] = {logf(3.0f), -INFINITY}; /* [H, T] */
   float out[4] = {NAN, NAN, NAN, NAN};
   float out_lse[2] = {NAN, NAN};
@@ -169,8 +170,8 @@ static void test_merge(void) {
   DLTensor t_prefix_lse = host_tensor(prefix_lse, kF32, 2, lse_shape);
   DLTensor t_suffix_lse = host_tensor(suffix_lse, kF32, 2, lse_shape);
   DLTensor t_out_lse = host_tensor(out_lse, kF32, 2, lse_shape);
-  CHECK_STATUS(mlakit_merge_attn_states(&t_out, &t_prefix, &t_prefix_lse, &t_suffix,
-                                        &t_suffix_lse, &t_out_lse, NULL),
+  CHECK_STATUS(mlakit_merge_attn_states(&t_out, &t_prefix, &t_prefix_lse, &t_suffix, &t_suffix_lse,
+                                        &t_out_lse, NULL),
                MLAKIT_OK, NULL);
   const float tol = 1e-6f; /* f32 rounding of a few operations on values near 1..5 */
   CHECK(fabsf(out[0] - 2.5f) < tol);

@@ -1,0 +1,247 @@
+"""The primitive MLA ops, with vLLM's op names and argument orders. Every tensor argument is a
+NumPy array (host) or a torch tensor (host or CUDA), used in place without copies; outputs are
+written into the tensors passed in. All tensors of one call live on one device. CUDA calls run
+on torch's current stream of that device.
+
+Shapes use N heads, L = kv_lora_rank, R = qk_rope_head_dim, P = qk_nope_head_dim,
+V = v_head_dim. LSEs are float32, natural log.
+"""
+
+import ctypes
+import weakref
+
+import numpy as np
+
+from ._dlpack import describe, describe_optional, is_torch_tensor
+from ._library import call, lib
+
+_KV_CACHE_DTYPES = {}  # name -> code, filled by kv_cache_dtype_code
+
+
+def kv_cache_dtype_code(kv_cache_dtype):
+    """The mlakit_kv_cache_dtype_t of vLLM's cache dtype names ('auto', 'fp8', 'fp8_e4m3',
+    'fp8_ds_mla', 'bfloat16', 'float16'); ints pass through."""
+    if isinstance(kv_cache_dtype, int):
+        return kv_cache_dtype
+    code = _KV_CACHE_DTYPES.get(kv_cache_dtype)
+    if code is None:
+        out = ctypes.c_int32()
+        call("mlakit_parse_kv_cache_dtype", str(kv_cache_dtype).encode(), ctypes.byref(out))
+        code = _KV_CACHE_DTYPES[kv_cache_dtype] = out.value
+    return code
+
+
+def to_float(value, name):
+    """A scale given as a Python number or a one-element array/tensor (reading a CUDA tensor
+    synchronises; pass a float where the call must be capturable in a CUDA graph)."""
+    if isinstance(value, (int, float, np.floating, np.integer)):
+        return float(value)
+    if is_torch_tensor(value) or isinstance(value, np.ndarray):
+        count = value.size if isinstance(value, np.ndarray) else value.numel()
+        if count != 1:
+            raise ValueError(
+                f"mlakit: {name} must have exactly one element, got shape {tuple(value.shape)}"
+            )
+        return float(value.reshape(-1)[0].item())
+    raise TypeError(
+        f"mlakit: {name} must be a number or a one-element tensor, got {type(value).__name__}"
+    )
+
+
+def stream_of(*described):
+    """The CUDA stream of the first CUDA tensor among `described` (NULL for host calls)."""
+    for d in described:
+        if d is not None and d.stream is not None:
+            return ctypes.c_void_p(d.stream)
+    return None
+
+
+def _ref(d):
+    return None if d is None else d.ref
+
+
+# ---- Cache ops ----------------------------------------------------------------------------------
+
+
+def concat_and_cache_mla(kv_c, k_pe, kv_cache, slot_mapping, kv_cache_dtype="auto", scale=1.0):
+    """Writes token t's [kv_c[t] | k_pe[t]] into slot slot_mapping[t] of the paged cache
+    (slot < 0 skips the token; fp8 caches store e4m3(x / scale)).
+
+    kv_c: [T', L]; k_pe: [T', R] (or [T', 1, R]); kv_cache: [num_blocks, block_size, entry_width]
+    (written); slot_mapping: int64 [T], T <= T'."""
+    if k_pe.ndim == 3 and k_pe.shape[1] == 1:  # vLLM passes k_pe unsqueezed: [T', 1, R]
+        k_pe = k_pe[:, 0]
+    a = describe(kv_c, "kv_c")
+    b = describe(k_pe, "k_pe")
+    c = describe(kv_cache, "kv_cache", writable=True)
+    d = describe(slot_mapping, "slot_mapping")
+    call("mlakit_concat_and_cache_mla", a.ref, b.ref, c.ref, d.ref,
+         kv_cache_dtype_code(kv_cache_dtype), to_float(scale, "scale"), stream_of(a, b, c, d))
+
+
+def gather_and_maybe_dequant_cache(src_cache, dst, block_table, cu_seq_lens, token_to_seq,
+                                   num_tokens, kv_cache_dtype="auto", scale=1.0, seq_starts=None):
+    """Row t < num_tokens of dst = entry of request b = token_to_seq[t] at position
+    t - cu_seq_lens[b] + seq_starts[b], dequantized (fp8: value * scale) to dst's dtype.
+
+    src_cache: [num_blocks, block_size, entry_width]; dst: [>= num_tokens, L + R] (written);
+    block_table: int32 [B, max_blocks]; cu_seq_lens: int32 [B + 1]; token_to_seq: int32
+    [>= num_tokens]; seq_starts: int32 [B] or None."""
+    s = describe(src_cache, "src_cache")
+    d = describe(dst, "dst", writable=True)
+    bt = describe(block_table, "block_table")
+    cu = describe(cu_seq_lens, "cu_seq_lens")
+    tts = describe(token_to_seq, "token_to_seq")
+    ss = describe_optional(seq_starts, "seq_starts")
+    call("mlakit_gather_and_maybe_dequant_cache", s.ref, d.ref, bt.ref, cu.ref, tts.ref,
+         int(num_tokens), kv_cache_dtype_code(kv_cache_dtype), to_float(scale, "scale"), _ref(ss),
+         stream_of(s, d, bt, cu, tts, ss))
+
+
+def cp_gather_cache(src_cache, dst, block_table, cu_seq_lens, batch_size, seq_starts=None):
+    """Raw copy of request b's cache entries at positions [seq_starts[b], + len_b) into dst rows
+    [cu_seq_lens[b], cu_seq_lens[b + 1]).
+
+    src_cache: [num_blocks, block_size, W]; dst: [rows, W] of the same dtype (written);
+    block_table: int32 [>= batch_size, max_blocks]; cu_seq_lens: int32 [batch_size + 1];
+    seq_starts: int32 [batch_size] or None."""
+    s = describe(src_cache, "src_cache")
+    d = describe(dst, "dst", writable=True)
+    bt = describe(block_table, "block_table")
+    cu = describe(cu_seq_lens, "cu_seq_lens")
+    ss = describe_optional(seq_starts, "seq_starts")
+    call("mlakit_cp_gather_cache", s.ref, d.ref, bt.ref, cu.ref, int(batch_size), _ref(ss),
+         stream_of(s, d, bt, cu, ss))
+
+
+# ---- Attention pieces ---------------------------------------------------------------------------
+
+
+def merge_attn_states(output, prefix_output, prefix_lse, suffix_output, suffix_lse,
+                      output_lse=None):
+    """Merges two partial attention results by their LSEs (both -inf: output 0, lse -inf).
+
+    output, prefix_output, suffix_output: [T, H, D] (output written; may alias an input);
+    prefix_lse, suffix_lse: float32 [H, T]; output_lse: float32 [H, T] (written) or None."""
+    o = describe(output, "output", writable=True)
+    p = describe(prefix_output, "prefix_output")
+    pl = describe(prefix_lse, "prefix_lse")
+    s = describe(suffix_output, "suffix_output")
+    sl = describe(suffix_lse, "suffix_lse")
+    ol = describe_optional(output_lse, "output_lse", writable=True)
+    call("mlakit_merge_attn_states", o.ref, p.ref, pl.ref, s.ref, sl.ref, _ref(ol),
+         stream_of(o, p, pl, s, sl, ol))
+
+
+def static_scaled_fp8_quant(out, input, scale):
+    """out = e4m3(clamp(input * (1 / scale), -448, 448)) (vLLM's _C.static_scaled_fp8_quant).
+    out: float8_e4m3fn or uint8, the shape of input (written)."""
+    x = describe(input, "input")
+    o = describe(out, "out", writable=True)
+    call("mlakit_scaled_fp8_quant", x.ref, o.ref, to_float(scale, "scale"), stream_of(x, o))
+
+
+def scaled_fp8_quant(input, scale, output=None):
+    """Static per-tensor fp8 quantization of `input` with `scale`; returns the fp8 tensor
+    (`output` if given, else a new float8_e4m3fn array/tensor on input's device)."""
+    if output is None:
+        if is_torch_tensor(input):
+            import torch
+
+            output = torch.empty(input.shape, dtype=torch.float8_e4m3fn, device=input.device)
+        else:
+            import ml_dtypes
+
+            output = np.empty(input.shape, dtype=ml_dtypes.float8_e4m3fn)
+    static_scaled_fp8_quant(output, input, scale)
+    return output
+
+
+class DecodeSchedule:
+    """The split-KV schedule of a decode batch (plan once per batch, reuse for every layer).
+
+    seq_lens: host int32 [B]; num_workers: parallel workers to spread the splits over."""
+
+    def __init__(self, seq_lens, block_size, num_workers=1):
+        from .planning import host_int32
+
+        lens = host_int32(seq_lens, "seq_lens")
+        handle = ctypes.c_void_p()
+        call("mlakit_plan_decode_splits", lens.ctypes.data_as(ctypes.POINTER(ctypes.c_int32)),
+             lens.size, int(block_size), int(num_workers), ctypes.byref(handle))
+        self._handle = handle
+        self._finalizer = weakref.finalize(self, lib.mlakit_decode_schedule_destroy, handle)
+        total, most = ctypes.c_int64(), ctypes.c_int64()
+        call("mlakit_decode_schedule_info", handle, ctypes.byref(total), ctypes.byref(most))
+        self.total_splits = total.value
+        self.max_splits = most.value
+
+    def workspace_elems(self, s_q, num_heads, kv_lora_rank):
+        """float32 elements of the split workspace mla_decode needs with this schedule."""
+        elems = ctypes.c_int64()
+        call("mlakit_decode_workspace_elems", self._handle, int(s_q), int(num_heads),
+             int(kv_lora_rank), ctypes.byref(elems))
+        return elems.value
+
+
+def mla_decode(q, kv_cache, block_table, seq_lens, out, lse, scale, kv_cache_dtype="auto",
+               q_scale=1.0, k_scale=1.0, schedule=None, workspace=None):
+    """Absorbed MQA decode over the paged latent cache: query j of request b attends keys
+    [0, seq_lens[b] - s_q + j] with K = entry[:L+R], V = entry[:L].
+
+    q: [B, s_q, N, L + R] (fp8 for fp8 caches: dequantized with q_scale); kv_cache: [num_blocks,
+    block_size, entry_width]; block_table: int32 [B, max_blocks]; seq_lens: int32 [B];
+    out: [B, s_q, N, L] (written); lse: float32 [B, s_q, N] (written).
+
+    Without `schedule` (host tensors only) the library plans the splits and allocates the
+    workspace. With a DecodeSchedule of the same seq_lens, `workspace` (float32, at least
+    schedule.workspace_elems(s_q, N, L) elements, on the tensors' device) is required and the
+    call allocates nothing."""
+    args = [describe(q, "q"), describe(kv_cache, "kv_cache"), describe(block_table, "block_table"),
+            describe(seq_lens, "seq_lens"), describe(out, "out", writable=True),
+            describe(lse, "lse", writable=True)]
+    refs = [a.ref for a in args]
+    scalars = (to_float(scale, "scale"), kv_cache_dtype_code(kv_cache_dtype),
+               to_float(q_scale, "q_scale"), to_float(k_scale, "k_scale"))
+    if schedule is None:
+        if workspace is not None:
+            raise ValueError("mlakit: mla_decode: workspace is used only together with schedule")
+        call("mlakit_mla_decode", *refs, *scalars)
+        return
+    if workspace is None:
+        raise ValueError("mlakit: mla_decode: a schedule needs its workspace "
+                         "(float32, schedule.workspace_elems(s_q, num_heads, kv_lora_rank) elements)")
+    ws = describe(workspace, "workspace", writable=True)
+    call("mlakit_mla_decode_scheduled", *refs, *scalars, schedule._handle, ws.ref,
+         stream_of(*args, ws))
+
+
+def mla_prefill(q, k_nope, k_pe, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                scale, causal, out, lse=None):
+    """Varlen MHA prefill (d_qk = P + R, d_v = V). Request b has queries [cu_seqlens_q[b],
+    cu_seqlens_q[b+1]) and keys [cu_seqlens_k[b], cu_seqlens_k[b+1]); causal is bottom-right.
+
+    q: [T, N, P + R]; k_nope: [S, N, P]; k_pe: [S, R] (shared by the heads); v: [S, N, V];
+    cu_seqlens_q, cu_seqlens_k: int32 [B + 1]; out: [T, N, V] (written); lse: float32 [N, T]
+    (written) or None."""
+    args = [describe(q, "q"), describe(k_nope, "k_nope"), describe(k_pe, "k_pe"),
+            describe(v, "v"), describe(cu_seqlens_q, "cu_seqlens_q"),
+            describe(cu_seqlens_k, "cu_seqlens_k")]
+    o = describe(out, "out", writable=True)
+    ls = describe_optional(lse, "lse", writable=True)
+    call("mlakit_mla_prefill", *[a.ref for a in args], int(max_seqlen_q), int(max_seqlen_k),
+         to_float(scale, "scale"), 1 if causal else 0, o.ref, _ref(ls), stream_of(*args, o, ls))
+
+
+__all__ = [
+    "DecodeSchedule",
+    "concat_and_cache_mla",
+    "cp_gather_cache",
+    "gather_and_maybe_dequant_cache",
+    "kv_cache_dtype_code",
+    "merge_attn_states",
+    "mla_decode",
+    "mla_prefill",
+    "scaled_fp8_quant",
+    "static_scaled_fp8_quant",
+]
