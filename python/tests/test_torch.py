@@ -1,0 +1,139 @@
+"""torch tensors and torch.ops.mlakit (skipped where torch is not installed)."""
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import mlakit  # noqa: E402  (after torch: the ops register on import)
+from reference import e4m3_encode, merge_attn_states as merge_reference  # noqa: E402
+
+OPS = ["concat_and_cache_mla", "gather_and_maybe_dequant_cache", "cp_gather_cache",
+       "merge_attn_states", "static_scaled_fp8_quant", "mla_decode", "mla_prefill",
+       "mla_attention_forward"]
+
+
+def merge_inputs(rng, T=6, H=3, D=16):
+    prefix = torch.from_numpy(rng.standard_normal((T, H, D)).astype(np.float32))
+    suffix = torch.from_numpy(rng.standard_normal((T, H, D)).astype(np.float32))
+    p_lse = torch.from_numpy(rng.standard_normal((H, T)).astype(np.float32))
+    s_lse = torch.from_numpy(rng.standard_normal((H, T)).astype(np.float32))
+    p_lse[0, 0] = s_lse[0, 0] = float("-inf")
+    return prefix, p_lse, suffix, s_lse
+
+
+def expected_merge(prefix, p_lse, suffix, s_lse):
+    out, _ = merge_reference(prefix.double().numpy(), p_lse.numpy(), suffix.double().numpy(),
+                             s_lse.numpy())
+    return torch.from_numpy(out).float()
+
+
+def test_ops_are_registered():
+    assert mlakit.torch_ops_registered
+    for name in OPS:
+        assert hasattr(torch.ops.mlakit, name), name
+
+
+def test_python_api_takes_cpu_tensors(rng):
+    prefix, p_lse, suffix, s_lse = merge_inputs(rng)
+    out = torch.full_like(prefix, float("nan"))
+    mlakit.merge_attn_states(out, prefix, p_lse, suffix, s_lse)
+    torch.testing.assert_close(out, expected_merge(prefix, p_lse, suffix, s_lse), rtol=1e-5,
+                               atol=1e-5)
+
+
+def test_torch_op_writes_its_output(rng):
+    prefix, p_lse, suffix, s_lse = merge_inputs(rng)
+    out = torch.full_like(prefix, float("nan"))
+    out_lse = torch.full_like(p_lse, float("nan"))
+    torch.ops.mlakit.merge_attn_states(out, prefix, p_lse, suffix, s_lse, out_lse)
+    torch.testing.assert_close(out, expected_merge(prefix, p_lse, suffix, s_lse), rtol=1e-5,
+                               atol=1e-5)
+    assert torch.isneginf(out_lse[0, 0])
+
+
+def test_torch_op_passes_opcheck(rng):
+    prefix, p_lse, suffix, s_lse = merge_inputs(rng)
+    out, out_lse = torch.empty_like(prefix), torch.empty_like(p_lse)
+    torch.library.opcheck(torch.ops.mlakit.merge_attn_states.default,
+                          (out, prefix, p_lse, suffix, s_lse, out_lse))
+
+
+def test_torch_compile_fullgraph(rng):
+    prefix, p_lse, suffix, s_lse = merge_inputs(rng)
+
+    @torch.compile(backend="aot_eager", fullgraph=True)
+    def merged(p, pl, s, sl):
+        out = torch.empty_like(p)
+        torch.ops.mlakit.merge_attn_states(out, p, pl, s, sl)
+        return out * 2
+
+    expected = expected_merge(prefix, p_lse, suffix, s_lse) * 2
+    torch.testing.assert_close(merged(prefix, p_lse, suffix, s_lse), expected, rtol=1e-5,
+                               atol=1e-5)
+
+
+def test_bf16_cache_write_is_bit_exact_and_strided(rng):
+    L, R = 16, 8
+    wide = torch.from_numpy(rng.standard_normal((5, L + 4)).astype(np.float32)).bfloat16()
+    kv_c = wide[:, :L]  # row stride L + 4
+    k_pe = torch.from_numpy(rng.standard_normal((5, 1, R)).astype(np.float32)).bfloat16()
+    cache = torch.full((3, 2, L + R), float("nan"), dtype=torch.bfloat16)
+    slots = torch.tensor([4, -1, 0, 5, 2], dtype=torch.int64)
+    torch.ops.mlakit.concat_and_cache_mla(kv_c, k_pe, cache, slots, "auto", 1.0)
+    for t, slot in enumerate(slots.tolist()):
+        if slot >= 0:
+            entry = torch.cat([kv_c[t], k_pe[t, 0]])
+            assert torch.equal(cache[slot // 2, slot % 2].view(torch.int16),
+                               entry.view(torch.int16))
+    assert torch.isnan(cache[0, 1]).all() and torch.isnan(cache[1, 1]).all()
+
+
+def test_fp8_quant_returns_a_float8_tensor(rng):
+    x = torch.from_numpy((rng.standard_normal((4, 9)) * 300).astype(np.float32))
+    out = mlakit.scaled_fp8_quant(x, 0.5)
+    assert out.dtype == torch.float8_e4m3fn
+    inverse = np.float32(1.0) / np.float32(0.5)
+    expected = e4m3_encode(x.numpy() * inverse)
+    assert np.array_equal(out.view(torch.uint8).numpy(), expected)
+
+
+def test_mla_attention_forward_op_matches_the_python_method(rng):
+    N, L, R, P, V, block = 2, 32, 8, 16, 16, 4
+    config = mlakit.MlaConfig(scale=0.2, num_heads=N, kv_lora_rank=L, qk_rope_head_dim=R,
+                              qk_nope_head_dim=P, v_head_dim=V, act_dtype="float32",
+                              block_size=block, workspace_tokens=16, max_num_seqs=4)
+    weight = torch.from_numpy(rng.standard_normal((N * (P + V), L)).astype(np.float32) / 6)
+    layer = mlakit.MlaAttention(config, weight)
+    qsl = torch.tensor([0, 1, 4], dtype=torch.int32)  # a decode, then a 3-token prefill
+    seq_lens = torch.tensor([5, 3], dtype=torch.int32)
+    block_table = torch.tensor([[0, 1], [2, 3]], dtype=torch.int32)
+    slots = torch.tensor([4, 8, 9, 10], dtype=torch.int64)
+    q = torch.from_numpy(rng.standard_normal((4, N, P + R)).astype(np.float32))
+    kv_c = torch.from_numpy(rng.standard_normal((4, L)).astype(np.float32))
+    k_pe = torch.from_numpy(rng.standard_normal((4, R)).astype(np.float32))
+    cache = torch.from_numpy(rng.standard_normal((4, block, L + R)).astype(np.float32))
+    cache_copy = cache.clone()
+
+    out_op = torch.empty(4, N * V)
+    torch.ops.mlakit.mla_attention_forward(layer.layer_id, q, kv_c, k_pe, cache, qsl, seq_lens,
+                                           block_table, slots, 4, out_op)
+    out_py = torch.empty(4, N * V)
+    batch = mlakit.ForwardBatch(qsl, seq_lens, block_table, slots)
+    layer.forward(q, kv_c, k_pe, cache_copy, batch, out_py)
+    assert torch.equal(out_op, out_py)
+    assert torch.equal(cache, cache_copy)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
+def test_cuda_tensors_reach_the_library(rng):
+    prefix, p_lse, suffix, s_lse = [t.cuda() for t in merge_inputs(rng)]
+    out = torch.empty_like(prefix)
+    if not mlakit.build_info()["cuda"]:
+        with pytest.raises(NotImplementedError, match="cuda:0"):
+            mlakit.merge_attn_states(out, prefix, p_lse, suffix, s_lse)
+        return
+    mlakit.merge_attn_states(out, prefix, p_lse, suffix, s_lse)
+    torch.cuda.synchronize()
+    expected = expected_merge(prefix.cpu(), p_lse.cpu(), suffix.cpu(), s_lse.cpu())
+    torch.testing.assert_close(out.cpu(), expected, rtol=1e-5, atol=1e-5)
