@@ -1,6 +1,171 @@
+// The `mlakit` command: `run` (serving simulation of an MLA layer stack) and `info`.
+// Exit codes: 0 success, 1 `run --verify` found errors above tolerance, 2 bad flags or an error.
+#include <CLI/CLI.hpp>
+#include <exception>
+#include <fstream>
 #include <iostream>
+#include <string>
 
-int main() {
-  std::cout << "mlakit " << MLAKIT_VERSION << "\n";
+#include "info.hpp"
+#include "mlakit/error.hpp"
+#include "presets.hpp"
+#include "report.hpp"
+#include "run_options.hpp"
+#include "simulation.hpp"
+
+namespace {
+
+using mlakit::cli::RunOptions;
+
+constexpr int kExitVerifyFailed = 1;
+constexpr int kExitError = 2;
+
+// A CLI11 validator that accepts what sim::parse_len_range accepts.
+CLI::Validator len_range_validator(const std::string& flag) {
+  return CLI::Validator(
+      [flag](std::string& text) -> std::string {
+        try {
+          mlakit::sim::parse_len_range(text, flag);
+          return {};
+        } catch (const mlakit::Error& e) {
+          const std::string message = e.what();
+          const std::string prefix = flag + ": ";  // CLI11 names the flag itself
+          return message.rfind(prefix, 0) == 0 ? message.substr(prefix.size()) : message;
+        }
+      },
+      "N|MIN:MAX");
+}
+
+// Integers >= minimum (at_least(1) would print the range up to DBL_MAX).
+CLI::Validator at_least(int64_t minimum) {
+  return CLI::Validator(
+      [minimum](std::string& text) -> std::string {
+        int64_t value = 0;
+        if (!CLI::detail::lexical_cast(text, value)) return "expected an integer, got " + text;
+        if (value < minimum) {
+          return "must be >= " + std::to_string(minimum) + ", got " + text;
+        }
+        return {};
+      },
+      "INT>=" + std::to_string(minimum));
+}
+
+void add_run_options(CLI::App& run, RunOptions& o) {
+  run.add_option("--model", o.model, "model preset (dims, heads, softmax scale)")
+      ->check(CLI::IsMember(mlakit::cli::model_preset_names()))
+      ->capture_default_str();
+  run.add_option("--tp", o.tp, "tensor-parallel size: this rank serves num_heads / tp heads")
+      ->check(at_least(1))
+      ->capture_default_str();
+  run.add_option("--num-layers", o.num_layers, "MLA layers in the stack")
+      ->check(at_least(1))
+      ->capture_default_str();
+  run.add_option("--num-requests", o.num_requests, "requests in the workload")
+      ->check(at_least(1))
+      ->capture_default_str();
+  run.add_option("--prompt-len", o.prompt_len, "prompt tokens per request, uniform in MIN:MAX")
+      ->check(len_range_validator("--prompt-len"))
+      ->capture_default_str();
+  run.add_option("--output-len", o.output_len, "generated tokens per request, uniform in MIN:MAX")
+      ->check(len_range_validator("--output-len"))
+      ->capture_default_str();
+  run.add_option("--shared-prefix-len", o.shared_prefix_len,
+                 "tokens of a prompt prefix shared by some requests (prefix cache); 0: none")
+      ->check(at_least(0))
+      ->capture_default_str();
+  run.add_option("--shared-prefix-fraction", o.shared_prefix_fraction,
+                 "fraction of requests whose prompt starts with the shared prefix")
+      ->check(CLI::Range(0.0, 1.0))
+      ->capture_default_str();
+  run.add_option("--seed", o.seed, "seed of the workload, weights and activations")
+      ->capture_default_str();
+  run.add_option("--block-size", o.block_size, "tokens per KV-cache block")
+      ->check(at_least(1))
+      ->capture_default_str();
+  auto* num_blocks =
+      run.add_option("--num-blocks", o.num_blocks,
+                     "KV-cache blocks per layer (default: min(max-num-seqs, num-requests) x "
+                     "the largest request's blocks)")
+          ->check(at_least(1));
+  run.add_option("--kv-cache-gb", o.kv_cache_gb,
+                 "KV-cache memory over all layers in GiB (instead of --num-blocks)")
+      ->check(CLI::Validator(
+          [](std::string& text) -> std::string {
+            double value = 0.0;
+            if (CLI::detail::lexical_cast(text, value) && value > 0.0) return {};
+            return "must be a number > 0, got " + text;
+          },
+          "GIB>0"))
+      ->excludes(num_blocks);
+  run.add_option("--max-num-seqs", o.max_num_seqs, "requests running at once")
+      ->check(at_least(1))
+      ->capture_default_str();
+  run.add_option("--max-num-batched-tokens", o.max_num_batched_tokens,
+                 "token budget of one step (chunked prefill)")
+      ->check(at_least(1))
+      ->capture_default_str();
+  run.add_option("--kv-cache-dtype", o.kv_cache_dtype, "KV-cache format")
+      ->check(CLI::IsMember({"auto", "fp8", "fp8_e4m3", "fp8_ds_mla"}))
+      ->capture_default_str();
+  run.add_option("--dtype", o.dtype, "activation dtype (default: the preset's, bf16)")
+      ->check(CLI::IsMember({"bf16", "f16", "f32"}));
+  run.add_option("--workspace-tokens", o.workspace_tokens,
+                 "rows of the chunked-context gather workspace; 0: the library default")
+      ->check(at_least(0))
+      ->capture_default_str();
+  run.add_option("--device", o.device, "cpu, cuda or cuda:N")->capture_default_str();
+  run.add_flag("--verify", o.verify,
+               "compare sampled steps with the fp64 oracle (exit 1 on error)");
+  run.add_option("--verify-every", o.verify_every,
+                 "with --verify: check every k-th decode-only step and every max(1, k/4)-th step "
+                 "with prefill")
+      ->check(at_least(1))
+      ->capture_default_str();
+  run.add_option("--verify-heads", o.verify_heads, "with --verify: heads checked per request")
+      ->check(at_least(1))
+      ->capture_default_str();
+  run.add_option("--json", o.json_path, "also write the summary as JSON to PATH");
+  run.add_flag("--no-progress", o.no_progress, "no progress output on stderr");
+}
+
+int run_command(const RunOptions& options) {
+  const mlakit::cli::RunConfig config = mlakit::cli::resolve_run_options(options);
+  const mlakit::cli::RunResult result = mlakit::cli::run_simulation(config);
+  mlakit::cli::print_summary(std::cout, config, result);
+  if (!options.json_path.empty()) {
+    std::ofstream out(options.json_path);
+    out << mlakit::cli::summary_json(config, result).dump(2) << "\n";
+    if (!out) {
+      std::cerr << "mlakit: error: cannot write --json " << options.json_path << "\n";
+      return kExitError;
+    }
+  }
+  if (config.verify.enabled && !result.verify.passed()) return kExitVerifyFailed;
   return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"mlakit: Multi-head Latent Attention (MLA) for LLM inference", "mlakit"};
+  app.require_subcommand(1);
+  RunOptions options;
+  CLI::App* run = app.add_subcommand("run", "simulate serving a stack of MLA layers");
+  add_run_options(*run, options);
+  CLI::App* info = app.add_subcommand("info", "version, build options, backends, CPU and GPU");
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e) == 0 ? 0 : kExitError;
+  }
+  try {
+    if (info->parsed()) {
+      mlakit::cli::print_info(std::cout);
+      return 0;
+    }
+    return run_command(options);
+  } catch (const std::exception& e) {
+    std::cerr << "mlakit: error: " << e.what() << "\n";
+    return kExitError;
+  }
 }

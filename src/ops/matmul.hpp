@@ -34,6 +34,7 @@ struct BatchedGemm {
 
 // Validates the arguments of ops::batched_matmul (shapes, dtypes, layouts, storage, one device)
 // and describes the problem; throws mlakit::Error naming the argument otherwise.
+// a: [batch, M, K]  w: [batch, K, Ncol]  c: [batch, M, Ncol]  (f32, f16 or bf16 each)
 BatchedGemm describe_batched_matmul(const TensorView& a, const TensorView& w, const TensorView& c);
 
 }  // namespace mlakit::detail

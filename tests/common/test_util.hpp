@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "mlakit/error.hpp"
 #include "mlakit/types.hpp"
 
 namespace mlakit::test {

@@ -1,0 +1,19 @@
+// Host <-> device copies and synchronization for `mlakit run --device cuda`. The public mlakit API
+// has no copy operation, so a CUDA build uses the CUDA runtime directly; a CPU build reaches
+// here only with host tensors (allocating a CUDA tensor already failed with a clear error).
+#pragma once
+
+#include <cstdint>
+
+#include "mlakit/types.hpp"
+
+namespace mlakit::cli {
+
+// Copies `bytes` from host memory `src` to the start of `dst` (host or device).
+void copy_to_device(const TensorView& dst, const void* src, int64_t bytes);
+// Copies `bytes` from the start of `src` (host or device) to host memory `dst`.
+void copy_to_host(void* dst, const TensorView& src, int64_t bytes);
+// Waits until the device finished its queued work (no-op on the CPU).
+void synchronize(Device device);
+
+}  // namespace mlakit::cli

@@ -1,0 +1,99 @@
+#include "run_options.hpp"
+
+#include <algorithm>
+#include <charconv>
+#include <cmath>
+
+#include "mlakit/error.hpp"
+#include "mlakit/kv_cache.hpp"
+#include "presets.hpp"
+
+namespace mlakit::cli {
+
+namespace {
+
+[[noreturn]] void invalid(const std::string& message) {
+  throw Error(ErrorCode::kInvalidArgument, message);
+}
+
+}  // namespace
+
+DType parse_dtype(const std::string& name) {
+  if (name == "bf16" || name == "bfloat16") return DType::kBF16;
+  if (name == "f16" || name == "float16" || name == "fp16") return DType::kF16;
+  if (name == "f32" || name == "float32" || name == "fp32") return DType::kF32;
+  invalid("--dtype must be bf16, f16 or f32, got \"" + name + "\"");
+}
+
+Device parse_device(const std::string& name) {
+  if (name == "cpu") return Device::cpu();
+  if (name == "cuda") return Device::cuda(0);
+  if (name.rfind("cuda:", 0) == 0) {
+    int index = -1;
+    const char* first = name.data() + 5;  // after "cuda:"
+    const char* last = name.data() + name.size();
+    const auto [end, ec] = std::from_chars(first, last, index);
+    if (ec == std::errc() && end == last && first != last && index >= 0) {
+      return Device::cuda(index);
+    }
+  }
+  invalid("--device must be cpu, cuda or cuda:N, got \"" + name + "\"");
+}
+
+RunConfig resolve_run_options(const RunOptions& o) {
+  const ModelPreset& preset = find_preset(o.model);
+  RunConfig c;
+  c.model = preset.name;
+  c.tp = o.tp;
+  if (o.tp < 1 || preset.dims.num_heads % o.tp != 0) {
+    invalid("--tp " + std::to_string(o.tp) + " must divide the " +
+            std::to_string(preset.dims.num_heads) + " heads of " + preset.name);
+  }
+  c.dims = preset.dims;
+  c.dims.num_heads /= o.tp;
+  c.scale = preset.scale;
+  c.dtype = o.dtype.empty() ? preset.dtype : parse_dtype(o.dtype);
+  c.kv_cache_dtype = parse_kv_cache_dtype(o.kv_cache_dtype);
+  if (o.num_layers < 1) invalid("--num-layers must be >= 1, got " + std::to_string(o.num_layers));
+  c.num_layers = o.num_layers;
+
+  c.workload.num_requests = o.num_requests;
+  c.workload.prompt_len = sim::parse_len_range(o.prompt_len, "--prompt-len");
+  c.workload.output_len = sim::parse_len_range(o.output_len, "--output-len");
+  c.workload.shared_prefix_len = o.shared_prefix_len;
+  c.workload.shared_prefix_fraction = o.shared_prefix_fraction;
+  c.workload.seed = o.seed;
+
+  if (o.block_size < 1) invalid("--block-size must be >= 1, got " + std::to_string(o.block_size));
+  c.scheduler.block_size = o.block_size;
+  c.scheduler.max_num_seqs = o.max_num_seqs;
+  c.scheduler.max_num_batched_tokens = o.max_num_batched_tokens;
+  const KvCacheSpec spec{c.dims, c.kv_cache_dtype, c.dtype, o.block_size, 0};
+  spec.validate();  // e.g. fp8_ds_mla with f32 activations
+  if (o.kv_cache_gb > 0.0) {
+    const double bytes_per_block =
+        static_cast<double>(o.num_layers * o.block_size) * static_cast<double>(spec.entry_bytes());
+    const double gib = 1024.0 * 1024.0 * 1024.0;  // bytes per GiB
+    c.scheduler.num_blocks =
+        static_cast<int64_t>(std::floor(o.kv_cache_gb * gib / bytes_per_block));
+    if (c.scheduler.num_blocks < 1) {
+      invalid("--kv-cache-gb " + std::to_string(o.kv_cache_gb) + " holds no block of " +
+              std::to_string(o.block_size) + " tokens over " + std::to_string(o.num_layers) +
+              " layers; raise it");
+    }
+  } else if (o.num_blocks > 0) {
+    c.scheduler.num_blocks = o.num_blocks;
+  } else {
+    // Auto: room for as many of the largest possible requests as can run at once.
+    const int64_t largest = c.workload.prompt_len.max + c.workload.output_len.max - 1;
+    c.scheduler.num_blocks =
+        std::min(o.max_num_seqs, o.num_requests) * sim::blocks_for(largest, o.block_size);
+  }
+  c.workspace_tokens = o.workspace_tokens;
+  c.device = parse_device(o.device);
+  c.verify = {o.verify, o.verify_every, o.verify_heads};
+  c.progress = !o.no_progress;
+  return c;
+}
+
+}  // namespace mlakit::cli

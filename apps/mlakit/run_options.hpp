@@ -1,0 +1,46 @@
+// The flags of `mlakit run` as typed, and their resolution into a RunConfig.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "simulation.hpp"
+
+namespace mlakit::cli {
+
+struct RunOptions {
+  std::string model = "deepseek-v2-lite";
+  int64_t tp = 1;
+  int64_t num_layers = 2;
+  int64_t num_requests = 16;
+  std::string prompt_len = "64:512";
+  std::string output_len = "16:64";
+  int64_t shared_prefix_len = 256;
+  double shared_prefix_fraction = 0.5;
+  uint64_t seed = 0;
+  int64_t block_size = 64;
+  int64_t num_blocks = 0;    // 0: auto
+  double kv_cache_gb = 0.0;  // > 0: num_blocks from a memory budget over all layers
+  int64_t max_num_seqs = 8;
+  int64_t max_num_batched_tokens = 512;
+  std::string kv_cache_dtype = "auto";
+  std::string dtype;  // empty: the preset's
+  int64_t workspace_tokens = 0;
+  std::string device = "cpu";
+  bool verify = false;
+  int64_t verify_every = 8;
+  int64_t verify_heads = 4;
+  std::string json_path;
+  bool no_progress = false;
+};
+
+// "bf16" / "f16" / "f32" (also "bfloat16", "float16", "float32"); throws on anything else.
+DType parse_dtype(const std::string& name);
+// "cpu", "cuda" or "cuda:N"; throws on anything else.
+Device parse_device(const std::string& name);
+
+// Checks the combination of flags and fills in the derived values (heads per rank, dtype,
+// num_blocks). Throws mlakit::Error naming the flag to change.
+RunConfig resolve_run_options(const RunOptions& options);
+
+}  // namespace mlakit::cli

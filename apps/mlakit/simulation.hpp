@@ -1,0 +1,61 @@
+// `mlakit run`: serves a synthetic workload through a stack of MLA layers (MlaAttention::forward
+// per step and layer) under the scheduler of scheduler.hpp, and measures it.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "mlakit/config.hpp"
+#include "mlakit/types.hpp"
+#include "scheduler.hpp"
+#include "verifier.hpp"
+#include "workload.hpp"
+
+namespace mlakit::cli {
+
+struct RunConfig {
+  std::string model;  // preset name
+  int64_t tp = 1;
+  MlaDims dims;  // this rank's dims (num_heads already divided by tp)
+  float scale = 0.0f;
+  DType dtype = DType::kBF16;
+  KvCacheDType kv_cache_dtype = KvCacheDType::kAuto;
+  int64_t num_layers = 2;
+  sim::WorkloadConfig workload;
+  sim::SchedulerConfig scheduler;  // num_blocks resolved (> 0)
+  int64_t workspace_tokens = 0;    // 0: the library's default (spec B.2)
+  Device device{};
+  VerifyConfig verify;
+  bool progress = true;
+};
+
+struct PhaseStats {
+  int64_t steps = 0;
+  int64_t prompt_tokens = 0;
+  int64_t decode_tokens = 0;
+  double wall_s = 0.0;         // whole steps: scheduling, inputs, forward (verification excluded)
+  double forward_s = 0.0;      // MlaAttention::forward summed over layers
+  double prefill_flops = 0.0;  // work_model.hpp, summed over layers
+  double decode_flops = 0.0;
+  double decode_bytes = 0.0;
+};
+
+struct RunResult {
+  int64_t num_requests = 0;
+  sim::SchedulerStats scheduler;
+  int64_t evictions = 0;  // cached prefix blocks reused for other data
+  int64_t cache_bytes_per_layer = 0;
+  PhaseStats prefill;     // steps with at least one prompt token
+  PhaseStats decode;      // decode-only steps
+  double setup_s = 0.0;   // weights, absorption, caches, buffers
+  double loop_s = 0.0;    // the serving loop, verification excluded
+  double verify_s = 0.0;  // oracle time
+  VerifyResult verify;
+
+  double forward_s() const { return prefill.forward_s + decode.forward_s; }
+};
+
+// Throws mlakit::Error for bad configurations (and whatever the library throws).
+RunResult run_simulation(const RunConfig& config);
+
+}  // namespace mlakit::cli
