@@ -37,13 +37,18 @@ constexpr float kLn2 = 0.69314718055994530942f;    // converts the log2 LSE back
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
 // 2^x for x <= 0 in plain arithmetic the compiler vectorizes: x = n + f with n = round(x),
-// |f| <= 1/2, 2^f by its degree-7 Taylor polynomial in f*ln2 (relative error < 1e-8, below f32
-// rounding), 2^n built in the exponent bits. Inputs below -126 give 2^-126 instead of smaller
-// values: such a term is < 1e-38 of the row maximum's term (which is 1), so sums do not change.
+// |f| <= 1/2, 2^f by its degree-7 Taylor polynomial in f*ln2 (truncation error < 1e-8; measured
+// within 1e-7 relative including f32 rounding), 2^n built in the exponent bits. Inputs below -126
+// give 2^-126 instead of smaller values: such a term is < 1e-38 of the row maximum's term (which is
+// 1), so sums do not change. NaN stays NaN. Integer work is unsigned bit arithmetic only (no float
+// -> int conversion).
 inline float exp2_nonpositive(float x) {
-  constexpr float kMinExponent = -126.0f;       // smallest normal f32 exponent
-  constexpr float kRoundMagic = 12582912.0f;    // 1.5 * 2^23: adding it rounds to an integer
-  constexpr float kC1 = 0.693147180559945309f;  // ln2^k / k!, k = 1..7
+  constexpr float kMinExponent = -126.0f;     // smallest normal f32 exponent
+  constexpr float kRoundMagic = 12582912.0f;  // 1.5 * 2^23: x + it holds round(x) in its low bits
+  constexpr uint32_t kRoundMagicBits = 0x4b400000u;  // bit pattern of kRoundMagic
+  constexpr uint32_t kExponentBias = 127;            // f32 exponent bias
+  constexpr int kMantissaBits = 23;                  // f32 mantissa width
+  constexpr float kC1 = 0.693147180559945309f;       // ln2^k / k!, k = 1..7
   constexpr float kC2 = 0.240226506959100712f;
   constexpr float kC3 = 0.0555041086648215800f;
   constexpr float kC4 = 0.00961812910762847717f;
@@ -51,17 +56,40 @@ inline float exp2_nonpositive(float x) {
   constexpr float kC6 = 0.000154035303933816099f;
   constexpr float kC7 = 0.0000152527338040598403f;
   x = std::max(x, kMinExponent);
-  const float n = (x + kRoundMagic) - kRoundMagic;
+  const float shifted = x + kRoundMagic;
+  const float n = shifted - kRoundMagic;
   const float f = x - n;
   const float p =
       1.0f + f * (kC1 + f * (kC2 + f * (kC3 + f * (kC4 + f * (kC5 + f * (kC6 + f * kC7))))));
-  constexpr int32_t kExponentBias = 127;  // f32 exponent bias
-  constexpr int kMantissaBits = 23;       // f32 mantissa width
-  const uint32_t bits = static_cast<uint32_t>(static_cast<int32_t>(n) + kExponentBias)
-                        << kMantissaBits;
+  uint32_t shifted_bits;
+  std::memcpy(&shifted_bits, &shifted, sizeof(shifted_bits));
+  // n + 127 modulo 2^32, moved into the exponent field: the bits of 2^n.
+  const uint32_t bits = (shifted_bits - kRoundMagicBits + kExponentBias) << kMantissaBits;
   float two_n;
   std::memcpy(&two_n, &bits, sizeof(two_n));
   return p * two_n;
+}
+
+// Eight floats as one (GCC / Clang) vector: AVX2 and AVX-512 take its max in one instruction.
+// The compiler does not vectorize a scalar running max (std::max's NaN ordering), so the max of
+// a score row goes through this type explicitly.
+using Floats8 = float __attribute__((vector_size(32)));
+
+// max(x[0:n]), -inf for n = 0.
+inline float max_of(const float* x, int64_t n) {
+  constexpr int64_t kLanes = 8;  // floats in Floats8
+  Floats8 lanes;
+  for (int64_t l = 0; l < kLanes; ++l) lanes[l] = kNegInf;
+  int64_t j = 0;
+  for (; j + kLanes <= n; j += kLanes) {
+    Floats8 v;
+    std::memcpy(&v, x + j, sizeof(v));
+    lanes = v > lanes ? v : lanes;
+  }
+  float m = kNegInf;
+  for (int64_t l = 0; l < kLanes; ++l) m = std::max(m, lanes[l]);
+  for (; j < n; ++j) m = std::max(m, x[j]);
+  return m;
 }
 
 // OpenBLAS runs single-threaded inside this scope: the kernel calls sgemm from its own OpenMP
@@ -219,17 +247,7 @@ void PrefillKernel::softmax_row(float* scores, int64_t cols, int64_t width, floa
     std::fill_n(scores, width, 0.0f);
     return;
   }
-  // Max over 16 lanes, then over the lanes: one AVX-512 register of independent maxima (a single
-  // running maximum would chain every element through the max latency).
-  constexpr int64_t kLanes = 16;
-  float lane_max[kLanes];
-  std::fill_n(lane_max, kLanes, kNegInf);
-  int64_t j = 0;
-  for (; j + kLanes <= cols; j += kLanes) {
-    for (int64_t l = 0; l < kLanes; ++l) lane_max[l] = std::max(lane_max[l], scores[j + l]);
-  }
-  for (; j < cols; ++j) lane_max[0] = std::max(lane_max[0], scores[j]);
-  const float block_max = *std::max_element(lane_max, lane_max + kLanes);
+  const float block_max = max_of(scores, cols);
   const float new_max = std::max(row_max, block_max);
   // The first block sees row_max = -inf: the factor is tiny and multiplies zeros.
   const float rescale = exp2_nonpositive(row_max - new_max);

@@ -10,6 +10,10 @@
 
 namespace mlakit::cpu {
 
+// Largest P + R and V the kernel takes: its per-thread scratch grows with the head sizes (256
+// query rows of each), and 4096 is far above every MLA model (192 / 128).
+inline constexpr int64_t kPrefillMaxHeadDim = 4096;
+
 // Arguments validated by ops::mla_prefill: shapes and dtypes consistent, sequence offsets
 // non-decreasing from 0 and within T resp. S.
 struct PrefillArgs {

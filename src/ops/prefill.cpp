@@ -124,6 +124,10 @@ void mla_prefill(const TensorView& q, const TensorView& k_nope, const TensorView
     device = detail::common_device(kOp, {{"q", &q}, {"lse_heads_tokens", &*lse_heads_tokens}});
   }
   if (!device.is_cpu()) detail::unsupported_device(kOp, device);
+  detail::require(q.shape[2] <= cpu::kPrefillMaxHeadDim && v.shape[2] <= cpu::kPrefillMaxHeadDim,
+                  ErrorCode::kUnsupported, kOp, ": the CPU kernel takes head sizes up to ",
+                  cpu::kPrefillMaxHeadDim, ", got q.shape[2] = ", q.shape[2],
+                  " and v.shape[2] = ", v.shape[2]);
 
   cpu::PrefillArgs args;
   args.q = q;

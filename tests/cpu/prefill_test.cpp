@@ -377,6 +377,12 @@ TEST(MlaPrefill, RejectsBadArguments) {
   MLAKIT_EXPECT_THROW_MSG(prefill(q, kn, kp, v_empty, cq, ck, 5, 6, 0.1f, out_empty, lse),
                           "mla_prefill: v.shape[2] must be at least 1, got 0");
 
+  Tensor kn_huge = bf16({10, 4, 4100});
+  Tensor q_huge = bf16({8, 4, 4108});
+  MLAKIT_EXPECT_THROW_MSG(prefill(q_huge, kn_huge, kp, v, cq, ck, 5, 6, 0.1f, out, lse),
+                          "mla_prefill: the CPU kernel takes head sizes up to 4096, got "
+                          "q.shape[2] = 4108 and v.shape[2] = 20");
+
   // Dtypes.
   Tensor q_f16 = Tensor::empty({8, 4, 32}, DType::kF16);
   MLAKIT_EXPECT_THROW_MSG(prefill(q_f16, kn, kp, v, cq, ck, 5, 6, 0.1f, out, lse),
