@@ -153,18 +153,62 @@ void load_key_tile(const DecodeProblem& p, const Shape& sh, int64_t b, int64_t t
   std::fill(k + count * sh.dim_padded, k + padded * sh.dim_padded, 0.0f);
 }
 
-// s[r][t] = q[r] · k[t] for a 4 x 4 block; `dim` is a multiple of kLanes.
-void score_block(const float* q, const float* k, int64_t dim, float* s) {
-  VecF acc[kQkRows * kQkKeys] = {};
-  for (int64_t d = 0; d < dim; d += kLanes) {
-    VecF kv[kQkKeys];
-    for (int64_t j = 0; j < kQkKeys; ++j) kv[j] = simd::load(k + j * dim + d);
-    for (int64_t i = 0; i < kQkRows; ++i) {
-      const VecF qv = simd::load(q + i * dim + d);
-      for (int64_t j = 0; j < kQkKeys; ++j) acc[i * kQkKeys + j] += qv * kv[j];
+// Software prefetch (into L2) of the next tile's cache entries, a few cache lines per microkernel
+// call of the current tile, so that reading the cache overlaps with arithmetic instead of
+// alternating with it (a burst of prefetches would stall on the core's few line-fill buffers).
+class NextTilePrefetch {
+ public:
+  NextTilePrefetch(const DecodeProblem& p, const Shape& sh, int64_t b, int64_t t0, int64_t count,
+                   int64_t steps)
+      : p_(p),
+        sh_(sh),
+        b_(b),
+        t0_(t0),
+        count_(std::max<int64_t>(count, 0)),
+        entry_lines_((p.kv_cache.size(2) * p.kv_cache.element_size() + kCacheLine - 1) /
+                     kCacheLine),
+        per_step_(steps > 0 ? (count_ * entry_lines_ + steps - 1) / steps : 0) {}
+
+  void step() {
+    for (int64_t n = 0; n < per_step_ && key_ < count_; ++n) {
+      if (line_ == 0) entry_ = entry_ptr(p_, b_, t0_ + key_, sh_.block_size);
+      __builtin_prefetch(entry_ + line_ * kCacheLine, /*rw=*/0,
+                         /*locality=*/2);  // 2: into L2, not L1
+      if (++line_ == entry_lines_) line_ = 0, ++key_;
     }
   }
-  const VecF sums = simd::reduce_add_16(acc);  // lane i * 4 + j: row i, key j
+
+ private:
+  static constexpr int64_t kCacheLine = 64;
+  const DecodeProblem& p_;
+  const Shape& sh_;
+  int64_t b_, t0_, count_, entry_lines_, per_step_;
+  int64_t key_ = 0, line_ = 0;
+  const uint8_t* entry_ = nullptr;
+};
+
+// s[r][t] = q[r] · k[t] for a 4 x 4 block; `dim` is a multiple of kLanes. The 16 accumulators are
+// named variables so that they stay in registers through the final reduction.
+void score_block(const float* q, const float* k, int64_t dim, float* s) {
+  static_assert(kQkRows == 4 && kQkKeys == 4, "score_block is written out for 4 x 4");
+  const VecF z = {};
+  VecF a00 = z, a01 = z, a02 = z, a03 = z, a10 = z, a11 = z, a12 = z, a13 = z;
+  VecF a20 = z, a21 = z, a22 = z, a23 = z, a30 = z, a31 = z, a32 = z, a33 = z;
+  for (int64_t d = 0; d < dim; d += kLanes) {
+    const VecF k0 = simd::load(k + d), k1 = simd::load(k + dim + d);
+    const VecF k2 = simd::load(k + 2 * dim + d), k3 = simd::load(k + 3 * dim + d);
+    VecF qv = simd::load(q + d);
+    a00 += qv * k0, a01 += qv * k1, a02 += qv * k2, a03 += qv * k3;
+    qv = simd::load(q + dim + d);
+    a10 += qv * k0, a11 += qv * k1, a12 += qv * k2, a13 += qv * k3;
+    qv = simd::load(q + 2 * dim + d);
+    a20 += qv * k0, a21 += qv * k1, a22 += qv * k2, a23 += qv * k3;
+    qv = simd::load(q + 3 * dim + d);
+    a30 += qv * k0, a31 += qv * k1, a32 += qv * k2, a33 += qv * k3;
+  }
+  using simd::sums4;
+  const VecF sums = simd::sums4x4(sums4(a00, a01, a02, a03), sums4(a10, a11, a12, a13),
+                                  sums4(a20, a21, a22, a23), sums4(a30, a31, a32, a33));
   for (int64_t i = 0; i < kQkRows; ++i) {
     for (int64_t j = 0; j < kQkKeys; ++j) s[i * kKeyTile + j] = sums[i * kQkKeys + j];
   }
@@ -283,8 +327,13 @@ void run_split(const DecodeProblem& p, const Shape& sh, int64_t b, int64_t k0, i
 
     load_key_tile(p, sh, b, t0, keys, sc.k);
     const int64_t key_blocks = round_up(keys, kQkKeys);
+    const int64_t row_span = sh.rows_padded - first_row;
+    NextTilePrefetch prefetch(p, sh, b, t0 + kKeyTile, std::min(kKeyTile, k1 - t0 - kKeyTile),
+                              row_span / kQkRows * (key_blocks / kQkKeys) +
+                                  row_span / kPvRows * (sh.rank_padded / kPvCols));
     for (int64_t r = first_row; r < sh.rows_padded; r += kQkRows) {
       for (int64_t t = 0; t < key_blocks; t += kQkKeys) {
+        prefetch.step();
         score_block(sc.q + r * sh.dim_padded, sc.k + t * sh.dim_padded, sh.dim_padded,
                     sc.s + r * kKeyTile + t);
       }
@@ -297,6 +346,7 @@ void run_split(const DecodeProblem& p, const Shape& sh, int64_t b, int64_t k0, i
     }
     for (int64_t r = first_row; r < sh.rows_padded; r += kPvRows) {
       for (int64_t c = 0; c < sh.rank_padded; c += kPvCols) {
+        prefetch.step();
         value_block(sc.s + r * kKeyTile, sc.k + c, sh.dim_padded, keys, sc.alpha + r,
                     sc.acc + r * sh.rank_padded + c, sh.rank_padded);
       }

@@ -5,6 +5,8 @@
 // Every function writes exactly `n` (or the format's 576) floats; vector bodies with scalar tails.
 #pragma once
 
+#include <immintrin.h>
+
 #include <cstdint>
 #include <cstring>
 
@@ -20,7 +22,27 @@ using simd::VecF;
 using VecU16 = uint16_t __attribute__((vector_size(32)));
 using VecU8 = uint8_t __attribute__((vector_size(16)));
 using VecU32 = uint32_t __attribute__((vector_size(64)));
-using VecF16 = _Float16 __attribute__((vector_size(32)));
+
+// 16 IEEE half values (raw bits) -> f32 with the hardware converter (GCC turns a _Float16 vector
+// conversion into 16 scalar conversions, so the intrinsics are spelled out).
+inline VecF half_to_float(VecU16 bits) {
+#if defined(__AVX512F__)
+  // The zero-masking form with a full mask is the same instruction; the plain intrinsic trips
+  // GCC 12's -Wmaybe-uninitialized on its internal _mm512_undefined_ps().
+  const __m512 f = _mm512_maskz_cvtph_ps(0xffff, reinterpret_cast<__m256i&>(bits));
+#elif defined(__F16C__)
+  __m128i lo, hi;
+  std::memcpy(&lo, &bits, sizeof(lo));
+  std::memcpy(&hi, reinterpret_cast<const char*>(&bits) + sizeof(lo), sizeof(hi));
+  const __m256 f[2] = {_mm256_cvtph_ps(lo), _mm256_cvtph_ps(hi)};
+#else
+  float f[kLanes];
+  for (int i = 0; i < kLanes; ++i) f[i] = f16_bits_to_float(bits[i]);
+#endif
+  VecF v;
+  std::memcpy(&v, &f, sizeof(v));
+  return v;
+}
 
 inline void f32_row(const float* src, int64_t n, float* dst) {
   std::memcpy(dst, src, n * sizeof(float));
@@ -41,9 +63,9 @@ inline void bf16_row(const uint16_t* src, int64_t n, float* dst) {
 inline void f16_row(const uint16_t* src, int64_t n, float* dst) {
   int64_t i = 0;
   for (; i + kLanes <= n; i += kLanes) {
-    VecF16 h;
+    VecU16 h;
     std::memcpy(&h, src + i, sizeof(h));
-    simd::store(dst + i, __builtin_convertvector(h, VecF));
+    simd::store(dst + i, half_to_float(h));
   }
   for (; i < n; ++i) dst[i] = f16_bits_to_float(src[i]);
 }
@@ -54,14 +76,12 @@ inline void f16_row(const uint16_t* src, int64_t n, float* dst) {
 inline VecF e4m3x16(const uint8_t* src, VecF scale) {
   VecU8 b;
   std::memcpy(&b, src, sizeof(b));
-  const VecU16 w = __builtin_convertvector(b, VecU16);
-  const VecU16 mag = w & 0x7f;
-  const VecU16 half_bits = (mag << 7) | ((w & 0x80) << 8);
-  VecF16 h;
-  std::memcpy(&h, &half_bits, sizeof(h));
-  const VecF value = __builtin_convertvector(h, VecF) * (scale * 256.0f);
-  // e4m3 NaN: the 0x7f magnitude. Compare as 32-bit lanes to pick per float.
-  const auto is_nan = __builtin_convertvector(mag, VecU32) == 0x7f;
+  // w << 7 puts the magnitude at bits 7-13 and the sign at bit 14; adding bit 14 to itself moves
+  // the sign to bit 15 (f16's sign) and clears bit 14.
+  const VecU16 shifted = __builtin_convertvector(b, VecU16) << 7;
+  const VecU16 half_bits = shifted + (shifted & 0x4000);
+  const VecF value = half_to_float(half_bits) * (scale * 256.0f);
+  const auto is_nan = __builtin_convertvector(half_bits & 0x3f80, VecU32) == 0x3f80;
   return is_nan ? simd::splat(__builtin_nanf("")) : value;
 }
 

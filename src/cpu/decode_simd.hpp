@@ -25,7 +25,8 @@ inline VecF load(const float* p) {
   return v;
 }
 inline void store(float* p, VecF v) { std::memcpy(p, &v, sizeof(v)); }
-inline VecF splat(float x) { return VecF{} + x; }
+// Written out: `VecF{} + x` would cost a scalar add (0 + x does not fold, for x = -0).
+inline VecF splat(float x) { return VecF{x, x, x, x, x, x, x, x, x, x, x, x, x, x, x, x}; }
 
 inline float reduce_add(VecF v) {
   const VecF h8 =
@@ -43,32 +44,35 @@ inline float reduce_max(VecF v) {
   return m;
 }
 
-// Sums of 16 vectors at once: lane i of the result is the sum of the lanes of v[i]. A pairwise
-// tree of half-swaps (15 adds, 30 shuffles) instead of 16 separate horizontal sums.
-inline VecF reduce_add_16(const VecF (&v)[16]) {
-  VecF l1[8], l2[4], l3[2];
-  for (int i = 0; i < 8; ++i) {  // lanes 0-7: partial sums of v[2i], lanes 8-15: of v[2i+1]
-    const VecF a = v[2 * i], b = v[2 * i + 1];
-    l1[i] =
-        __builtin_shufflevector(a, b, 0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23) +
-        __builtin_shufflevector(a, b, 8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31);
-  }
-  for (int i = 0; i < 4; ++i) {  // 4 lanes per source vector, sources in order
-    const VecF a = l1[2 * i], b = l1[2 * i + 1];
-    l2[i] =
-        __builtin_shufflevector(a, b, 0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25, 26, 27) +
-        __builtin_shufflevector(a, b, 4, 5, 6, 7, 12, 13, 14, 15, 20, 21, 22, 23, 28, 29, 30, 31);
-  }
-  for (int i = 0; i < 2; ++i) {  // 2 lanes per source vector
-    const VecF a = l2[2 * i], b = l2[2 * i + 1];
-    l3[i] =
-        __builtin_shufflevector(a, b, 0, 1, 4, 5, 8, 9, 12, 13, 16, 17, 20, 21, 24, 25, 28, 29) +
-        __builtin_shufflevector(a, b, 2, 3, 6, 7, 10, 11, 14, 15, 18, 19, 22, 23, 26, 27, 30, 31);
-  }
-  return __builtin_shufflevector(l3[0], l3[1], 0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26,
-                                 28, 30) +
-         __builtin_shufflevector(l3[0], l3[1], 1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27,
-                                 29, 31);
+// Horizontal sums of 16 vectors at once, by a pairwise tree of lane swaps (15 adds, 30 shuffles
+// instead of 16 separate reductions). Each step halves the partial sums per source vector:
+// half_sum(a, b):    lanes 0-7 hold 8 partial sums of a, lanes 8-15 of b;
+// quarter_sum(x, y): of two half_sum results, 4 partials per source, sources in order;
+// eighth_sum, pair_sum: 2 partials, then the totals.
+inline VecF half_sum(VecF a, VecF b) {
+  return __builtin_shufflevector(a, b, 0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23) +
+         __builtin_shufflevector(a, b, 8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30,
+                                 31);
+}
+inline VecF quarter_sum(VecF a, VecF b) {
+  return __builtin_shufflevector(a, b, 0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25, 26, 27) +
+         __builtin_shufflevector(a, b, 4, 5, 6, 7, 12, 13, 14, 15, 20, 21, 22, 23, 28, 29, 30, 31);
+}
+inline VecF eighth_sum(VecF a, VecF b) {
+  return __builtin_shufflevector(a, b, 0, 1, 4, 5, 8, 9, 12, 13, 16, 17, 20, 21, 24, 25, 28, 29) +
+         __builtin_shufflevector(a, b, 2, 3, 6, 7, 10, 11, 14, 15, 18, 19, 22, 23, 26, 27, 30, 31);
+}
+inline VecF pair_sum(VecF a, VecF b) {
+  return __builtin_shufflevector(a, b, 0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30) +
+         __builtin_shufflevector(a, b, 1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
+}
+// Lanes 4j .. 4j+3 hold partial sums of v_j.
+inline VecF sums4(VecF v0, VecF v1, VecF v2, VecF v3) {
+  return quarter_sum(half_sum(v0, v1), half_sum(v2, v3));
+}
+// Lane 4i + j is the sum of row i's vector j, given sums4 of rows 0..3.
+inline VecF sums4x4(VecF r0, VecF r1, VecF r2, VecF r3) {
+  return pair_sum(eighth_sum(r0, r1), eighth_sum(r2, r3));
 }
 
 // 2^x for x in [-126, 127] (callers clamp), relative error below 2e-7: x = n + f with n = rint(x),
