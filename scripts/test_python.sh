@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# Tests of the Python package: installs the pinned test dependencies and the package (which takes
+# libmlakit_c.so from build/release, see python/setup.py), then runs pytest on python/tests.
+# Needs the release build first: cmake --preset release && cmake --build --preset release
+# (MLAKIT_BUILD_DIR names another build directory).
+# torch tests skip where torch is not installed. Exit status: pytest's.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PYTHON=${PYTHON:-python3}
+BUILD_DIR=${MLAKIT_BUILD_DIR:-$PWD/build/release}
+LIBRARY=$BUILD_DIR/src/capi/libmlakit_c.so
+
+if [ ! -f "$LIBRARY" ]; then
+  echo "test_python: $LIBRARY is missing; run cmake --preset release && cmake --build --preset release" >&2
+  exit 1
+fi
+
+PIP=("$PYTHON" -m pip install --quiet --disable-pip-version-check --no-warn-script-location)
+"${PIP[@]}" numpy==2.4.6 ml_dtypes==0.7.0 pytest==9.2.0
+# --force-reinstall: the version stays 0.1.0 while the library it packages changes.
+MLAKIT_BUILD_DIR="$BUILD_DIR" "${PIP[@]}" --force-reinstall --no-deps ./python
+
+# From the repository root, `import mlakit` finds the installed package (python/ is not on the path).
+unset MLAKIT_LIBRARY
+exec "$PYTHON" -m pytest -q -p no:cacheprovider python/tests
