@@ -11,7 +11,8 @@ BUILD_DIR=${MLAKIT_BUILD_DIR:-$PWD/build/release}
 LIBRARY=$BUILD_DIR/src/capi/libmlakit_c.so
 
 if [ ! -f "$LIBRARY" ]; then
-  echo "test_python: $LIBRARY is missing; run cmake --preset release && cmake --build --preset release" >&2
+  echo "test_python: $LIBRARY is missing;" \
+    "run cmake --preset release && cmake --build --preset release" >&2
   exit 1
 fi
 
@@ -20,6 +21,6 @@ PIP=("$PYTHON" -m pip install --quiet --disable-pip-version-check --no-warn-scri
 # --force-reinstall: the version stays 0.1.0 while the library it packages changes.
 MLAKIT_BUILD_DIR="$BUILD_DIR" "${PIP[@]}" --force-reinstall --no-deps ./python
 
-# From the repository root, `import mlakit` finds the installed package (python/ is not on the path).
+# From the repository root `import mlakit` finds the installed package (python/ is not on the path).
 unset MLAKIT_LIBRARY
 exec "$PYTHON" -m pytest -q -p no:cacheprovider python/tests

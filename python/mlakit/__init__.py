@@ -49,7 +49,7 @@ def version():
 
 
 def build_info():
-    """The library's build: {'version', 'abi', 'cuda', 'blas', 'openmp', 'threads', 'sanitizers'}."""
+    """The library's build as a dict: version, abi, cuda, blas, openmp, threads, sanitizers."""
     return json.loads(lib.mlakit_build_info().decode())
 
 

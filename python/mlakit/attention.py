@@ -6,7 +6,15 @@ import weakref
 from dataclasses import dataclass
 from typing import Any, Optional
 
-from ._dlpack import KDL_CPU, KDL_CUDA, DLDataType, DLDevice, describe, describe_optional, dl_dtype_of
+from ._dlpack import (
+    KDL_CPU,
+    KDL_CUDA,
+    DLDataType,
+    DLDevice,
+    describe,
+    describe_optional,
+    dl_dtype_of,
+)
 from ._library import ForwardBatchC, MlaConfigC, call, lib
 from .ops import kv_cache_dtype_code, stream_of, to_float
 from .planning import CHUNK_POLICY, QUERY_LEN_SUPPORT, _enum, host_int32, plan_from_handle

@@ -209,8 +209,10 @@ def mla_decode(q, kv_cache, block_table, seq_lens, out, lse, scale, kv_cache_dty
         call("mlakit_mla_decode", *refs, *scalars)
         return
     if workspace is None:
-        raise ValueError("mlakit: mla_decode: a schedule needs its workspace "
-                         "(float32, schedule.workspace_elems(s_q, num_heads, kv_lora_rank) elements)")
+        raise ValueError(
+            "mlakit: mla_decode: a schedule needs its workspace "
+            "(float32, schedule.workspace_elems(s_q, num_heads, kv_lora_rank) elements)"
+        )
     ws = describe(workspace, "workspace", writable=True)
     call("mlakit_mla_decode_scheduled", *refs, *scalars, schedule._handle, ws.ref,
          stream_of(*args, ws))
