@@ -35,12 +35,13 @@ class BuildPyWithLibrary(build_py):
     def run(self):
         super().run()
         library = find_library()
+        target = Path(self.build_lib) / "mlakit" / "_lib" / LIBRARY
         if library is None:
+            target.unlink(missing_ok=True)  # no stale copy from an earlier build directory
             print("mlakit: warning: no libmlakit_c.so found (build it with `cmake --preset "
                   "release && cmake --build --preset release`, or set MLAKIT_BUILD_DIR); the "
                   "package will need MLAKIT_LIBRARY at run time")
             return
-        target = Path(self.build_lib) / "mlakit" / "_lib" / LIBRARY
         target.parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(library, target)  # follows the .so -> .so.0 -> .so.0.1.0 links
         print(f"mlakit: packaged {library}")

@@ -58,12 +58,13 @@ def _candidates():
     env = os.environ.get("MLAKIT_LIBRARY")
     if env:
         return [("MLAKIT_LIBRARY", Path(env))]
-    checkout_build = _PACKAGE_DIR.parent.parent / "build" / "release" / "src" / "capi"
-    return [
-        ("package copy", _PACKAGE_DIR / "_lib" / LIBRARY_NAME),
-        ("source checkout build", checkout_build / LIBRARY_NAME),
-        ("dynamic loader", None),
-    ]
+    candidates = [("package copy", _PACKAGE_DIR / "_lib" / LIBRARY_NAME)]
+    checkout = _PACKAGE_DIR.parent.parent
+    if (checkout / "CMakePresets.json").is_file():  # imported from the source tree
+        build = checkout / "build" / "release" / "src" / "capi"
+        candidates.append(("source checkout build", build / LIBRARY_NAME))
+    candidates.append(("dynamic loader", None))
+    return candidates
 
 
 def _load():

@@ -8,7 +8,8 @@ library, with no host synchronisation and no allocation. Scales are Python float
 tensor would have to be read on the host).
 
 The annotations below are real types (no `from __future__ import annotations`): torch infers
-the op schemas from them.
+the op schemas from them. Defaults are only int, float, bool or None (what torch 2.4's schema
+inference accepts), so string arguments such as kv_cache_dtype have none.
 """
 
 from typing import Optional
@@ -117,7 +118,7 @@ def mla_decode(
     out: torch.Tensor,
     lse: torch.Tensor,
     scale: float,
-    kv_cache_dtype: str = "auto",
+    kv_cache_dtype: str,
     q_scale: float = 1.0,
     k_scale: float = 1.0,
 ) -> None:
@@ -127,7 +128,7 @@ def mla_decode(
 
 
 @mla_decode.register_fake
-def _(q, kv_cache, block_table, seq_lens, out, lse, scale, kv_cache_dtype="auto", q_scale=1.0,
+def _(q, kv_cache, block_table, seq_lens, out, lse, scale, kv_cache_dtype, q_scale=1.0,
       k_scale=1.0):
     return None
 
