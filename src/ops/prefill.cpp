@@ -1,6 +1,7 @@
 // ops::mla_prefill: argument validation (backend independent) and device dispatch.
 #include "cpu/prefill.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <optional>
