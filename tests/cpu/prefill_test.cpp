@@ -176,15 +176,26 @@ TEST(MlaPrefill, DeepSeekHeadSizesAcrossKeyBlocks) {
 }
 
 TEST(MlaPrefill, ManyHeadsLongRequest) {
-  // 64 heads x 300 queries over 600 keys: enough work items for the large (256-row) items on up
-  // to 16 threads, with a last item of 44 rows. The 300 context keys make the first key block
-  // visible to all rows of an item (one GEMM over several tiles) and the later ones only partly.
+  // 128 heads x 300 queries over 400 keys: enough work items for the large (256-row) items on up
+  // to 32 threads, with a last item of 44 rows. With 100 context keys the later tiles of an item
+  // see the whole first key block (one GEMM over several tiles), the earlier ones part of it.
   // Tiny head sizes keep the fp64 reference fast.
   auto rng = test::make_rng(3);
-  const PrefillShape shape{64, 8, 8, 8};
-  PrefillInputs in = make_inputs(rng, DType::kBF16, shape, {300}, {600});
+  const PrefillShape shape{128, 8, 8, 8};
+  PrefillInputs in = make_inputs(rng, DType::kBF16, shape, {300}, {400});
   run_prefill(in, /*causal=*/true);
   expect_matches_reference(in, true, DType::kBF16);
+}
+
+TEST(MlaPrefill, SixteenHeads) {
+  auto rng = test::make_rng(12);
+  const PrefillShape shape{16, 24, 8, 20};
+  for (bool causal : {true, false}) {
+    SCOPED_TRACE(causal ? "causal" : "non-causal");
+    PrefillInputs in = make_inputs(rng, DType::kF16, shape, {33, 70, 2}, {50, 70, 9});
+    run_prefill(in, causal);
+    expect_matches_reference(in, causal, DType::kF16);
+  }
 }
 
 TEST(MlaPrefill, SingleHead) {
