@@ -60,7 +60,8 @@ void cp_gather_cache(const TensorView& src_cache, const TensorView& dst,
                      Stream stream = {});
 
 // ---- LSE merge (spec A.8, C.6) ------------------------------------------------------------------
-// output, prefix_output, suffix_output: [T, H, D] (f32, f16 or bf16; any strides, D contiguous)
+// output, prefix_output, suffix_output: [T, H, D] (each f32, f16 or bf16, dtypes may differ;
+//                                        any strides, D contiguous)
 // prefix_lse_heads_tokens, suffix_lse_heads_tokens: f32 [H, T]
 // output_lse_heads_tokens: f32 [H, T] or absent
 // Both sides empty (-inf/-inf) gives out = 0, lse = -inf. Never produces NaN from finite or
