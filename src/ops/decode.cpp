@@ -1,0 +1,276 @@
+// ops::mla_decode: argument validation (shapes, dtypes, scales, schedule, workspace; index contents
+// where the index tensors are readable on the host) and dispatch by device.
+#include "cpu/decode.hpp"
+
+#include <cmath>
+#include <cstdint>
+#include <vector>
+
+#include "core/check.hpp"
+#include "cpu/parallel.hpp"
+#include "mlakit/kv_cache.hpp"
+#include "mlakit/ops.hpp"
+
+namespace mlakit::ops {
+
+using detail::check_dtype;
+using detail::check_inner_contiguous;
+using detail::check_ndim;
+using detail::check_size;
+using detail::check_storage;
+using detail::require;
+
+namespace {
+
+constexpr const char* kOp = "mla_decode";
+
+bool is_fp8_dtype(DType d) { return d == DType::kFp8E4m3 || d == DType::kU8; }
+
+void check_positive_finite(const char* name, float value) {
+  require(std::isfinite(value) && value > 0.0f, ErrorCode::kInvalidArgument, kOp, ": ", name,
+          " must be finite and > 0, got ", value);
+}
+
+int64_t read_i32(const TensorView& t, int64_t offset) {
+  return static_cast<const int32_t*>(t.data)[offset];
+}
+
+// Entry width in elements the cache format implies for q (K = entry[0:D]).
+int64_t entry_dim_of(const TensorView& kv_cache, KvCacheDType kv_dtype) {
+  return kv_dtype == KvCacheDType::kFp8DsMla ? kDsMlaKvLoraRank + kDsMlaRopeDim : kv_cache.size(2);
+}
+
+// seq_lens: i32 [B] on the host; every value in [0, max_blocks * block_size].
+void check_seq_lens_host(const TensorView& seq_lens, int64_t max_blocks, int64_t block_size) {
+  const int64_t limit = max_blocks * block_size;
+  for (int64_t b = 0; b < seq_lens.size(0); ++b) {
+    const int64_t len = read_i32(seq_lens, b * seq_lens.strides[0]);
+    require(len >= 0 && len <= limit, ErrorCode::kInvalidArgument, kOp, ": seq_lens[", b,
+            "] must be in [0, ", limit, "] (block_table width ", max_blocks, " x block_size ",
+            block_size, "), got ", len);
+  }
+}
+
+// The structure of the schedule (sizes, monotone offsets), independent of seq_lens' contents.
+void check_schedule_shape(const DecodeSchedule& s, int64_t batch) {
+  require(static_cast<int64_t>(s.split_offsets.size()) == batch + 1 &&
+              static_cast<int64_t>(s.split_len.size()) == batch,
+          ErrorCode::kInvalidArgument, kOp,
+          ": schedule must describe the batch: split_offsets needs ", batch + 1,
+          " entries and split_len ", batch, ", got ", s.split_offsets.size(), " and ",
+          s.split_len.size());
+  require(s.split_offsets[0] == 0, ErrorCode::kInvalidArgument, kOp,
+          ": schedule.split_offsets[0] must be 0, got ", s.split_offsets[0]);
+  for (int64_t b = 0; b < batch; ++b) {
+    require(s.num_splits(b) >= 0 && s.num_splits(b) <= s.max_splits, ErrorCode::kInvalidArgument,
+            kOp, ": schedule request ", b, " has ", s.num_splits(b),
+            " splits, outside [0, max_splits = ", s.max_splits, "]");
+  }
+  require(s.total_splits == s.split_offsets[batch], ErrorCode::kInvalidArgument, kOp,
+          ": schedule.total_splits (", s.total_splits, ") must equal split_offsets[B] (",
+          s.split_offsets[batch], ")");
+}
+
+// The schedule covers each request's keys exactly: whole-block split lengths, ceil(len / split_len)
+// splits, none for an empty request.
+void check_schedule_host(const DecodeSchedule& s, const TensorView& seq_lens, int64_t block_size) {
+  for (int64_t b = 0; b < seq_lens.size(0); ++b) {
+    const int64_t len = read_i32(seq_lens, b * seq_lens.strides[0]);
+    const int64_t split_len = s.split_len[b];
+    require(split_len > 0 && split_len % block_size == 0, ErrorCode::kInvalidArgument, kOp,
+            ": schedule.split_len[", b, "] must be a positive multiple of block_size ", block_size,
+            ", got ", split_len);
+    const int64_t expected = (len + split_len - 1) / split_len;
+    require(s.num_splits(b) == expected, ErrorCode::kInvalidArgument, kOp,
+            ": schedule does not match seq_lens: request ", b, " has seq_len ", len,
+            " and split_len ", split_len, ", so it needs ", expected, " splits, got ",
+            s.num_splits(b), " (plan with the same seq_lens)");
+  }
+}
+
+// Every block id the keys [0, seq_lens[b]) reach lies in [0, num_blocks).
+void check_block_ids_host(const TensorView& block_table, const TensorView& seq_lens,
+                          int64_t block_size, int64_t num_blocks) {
+  for (int64_t b = 0; b < seq_lens.size(0); ++b) {
+    const int64_t len = read_i32(seq_lens, b * seq_lens.strides[0]);
+    const int64_t used = (len + block_size - 1) / block_size;
+    for (int64_t c = 0; c < used; ++c) {
+      const int64_t id =
+          read_i32(block_table, b * block_table.strides[0] + c * block_table.strides[1]);
+      require(id >= 0 && id < num_blocks, ErrorCode::kOutOfRange, kOp, ": block_table[", b, ", ", c,
+              "] = ", id, " is outside the cache's ", num_blocks, " blocks (request ", b, " reads ",
+              used, " blocks for seq_len ", len, ")");
+    }
+  }
+}
+
+// 16-bit dtype of the rope values inside fp8_ds_mla entries: the activation dtype, seen on q
+// (16-bit q) or else on out (fp8 q).
+DType ds_mla_rope_dtype(const TensorView& q, const TensorView& out) {
+  if (is_float16(q.dtype)) return q.dtype;
+  require(is_float16(out.dtype), ErrorCode::kInvalidArgument, kOp,
+          ": kv_cache_dtype fp8_ds_mla stores rope values in the 16-bit activation dtype, so q or "
+          "out must be f16 or bf16, got q ",
+          dtype_name(q.dtype), " and out ", dtype_name(out.dtype));
+  return out.dtype;
+}
+
+// Everything that does not need the contents of device tensors; returns the kernel's arguments.
+cpu::DecodeProblem validate(const TensorView& q, const TensorView& kv_cache,
+                            const TensorView& block_table, const TensorView& seq_lens,
+                            const TensorView& out, const TensorView& lse,
+                            const DecodeParams& params, const DecodeSchedule& schedule,
+                            const TensorView& workspace) {
+  for (const auto& [name, t] : {std::pair<const char*, const TensorView*>{"q", &q},
+                                {"kv_cache", &kv_cache},
+                                {"block_table", &block_table},
+                                {"seq_lens", &seq_lens},
+                                {"out", &out},
+                                {"lse_tokens_heads", &lse},
+                                {"split_workspace", &workspace}}) {
+    check_storage(kOp, name, *t);
+  }
+  check_ndim(kOp, "q", q, 4);
+  check_ndim(kOp, "kv_cache", kv_cache, 3);
+  check_ndim(kOp, "out", out, 4);
+  check_ndim(kOp, "lse_tokens_heads", lse, 3);
+  check_ndim(kOp, "block_table", block_table, 2);
+  check_ndim(kOp, "seq_lens", seq_lens, 1);
+
+  if (is_fp8(params.kv_dtype)) {
+    check_dtype(kOp, "q", q, {DType::kF32, DType::kF16, DType::kBF16, DType::kFp8E4m3, DType::kU8});
+  } else {
+    check_dtype(kOp, "q (fp8 q needs an fp8 kv_cache_dtype)", q,
+                {DType::kF32, DType::kF16, DType::kBF16});
+  }
+  check_inner_contiguous(kOp, "q", q);
+  const int64_t batch = q.size(0), s_q = q.size(1), heads = q.size(2);
+  const int64_t dim = entry_dim_of(kv_cache, params.kv_dtype);
+  check_size(kOp, "q", q, 3, dim);
+
+  detail::check_float_activation(kOp, "out", out);
+  check_inner_contiguous(kOp, "out", out);
+  for (int d = 0; d < 3; ++d) check_size(kOp, "out", out, d, q.size(d));
+  const int64_t rank = out.size(3);
+  require(rank > 0 && rank < dim, ErrorCode::kInvalidArgument, kOp,
+          ": out.shape[3] (kv_lora_rank) must be in [1, ", dim - 1, "] for ", dim,
+          "-wide entries, got ", rank);
+  check_kv_cache(kOp, kv_cache, params.kv_dtype,
+                 MlaDims{.num_heads = heads, .kv_lora_rank = rank, .qk_rope_head_dim = dim - rank});
+
+  check_dtype(kOp, "lse_tokens_heads", lse, {DType::kF32});
+  for (int d = 0; d < 3; ++d) check_size(kOp, "lse_tokens_heads", lse, d, q.size(d));
+
+  check_dtype(kOp, "block_table", block_table, {DType::kI32});
+  check_size(kOp, "block_table", block_table, 0, batch);
+  check_dtype(kOp, "seq_lens", seq_lens, {DType::kI32});
+  check_size(kOp, "seq_lens", seq_lens, 0, batch);
+
+  check_positive_finite("scale", params.scale);
+  check_positive_finite("q_scale", params.q_scale);
+  check_positive_finite("k_scale", params.k_scale);
+
+  check_schedule_shape(schedule, batch);
+  check_dtype(kOp, "split_workspace", workspace, {DType::kF32});
+  detail::check_contiguous(kOp, "split_workspace", workspace);
+  const int64_t needed = mla_decode_workspace_elems(schedule, s_q, heads, rank);
+  require(workspace.numel() >= needed, ErrorCode::kInvalidArgument, kOp,
+          ": split_workspace must hold at least ", needed,
+          " f32 elements (total_splits x s_q x num_heads x (kv_lora_rank + 1)), got ",
+          workspace.numel());
+
+  cpu::DecodeProblem p;
+  p.q = q;
+  p.kv_cache = kv_cache;
+  p.block_table = block_table;
+  p.seq_lens = seq_lens;
+  p.out = out;
+  p.lse = lse;
+  p.workspace = workspace.data_as<float>();
+  p.kv_dtype = params.kv_dtype;
+  p.kv_lora_rank = rank;
+  p.entry_dim = dim;
+  if (params.kv_dtype == KvCacheDType::kFp8DsMla) p.rope_dtype = ds_mla_rope_dtype(q, out);
+  const bool fp8_q = is_fp8_dtype(q.dtype);
+  const bool fp8_values = params.kv_dtype == KvCacheDType::kFp8E4m3;
+  p.score_scale =
+      params.scale * (fp8_q ? params.q_scale : 1.0f) * (fp8_values ? params.k_scale : 1.0f);
+  p.value_scale = fp8_values ? params.k_scale : 1.0f;
+  return p;
+}
+
+// Contents of the index tensors, for backends whose index tensors the host can read.
+void validate_indices_host(const cpu::DecodeProblem& p, const DecodeSchedule& schedule) {
+  const int64_t block_size = p.kv_cache.size(1);
+  check_seq_lens_host(p.seq_lens, p.block_table.size(1), block_size);
+  check_schedule_host(schedule, p.seq_lens, block_size);
+  check_block_ids_host(p.block_table, p.seq_lens, block_size, p.kv_cache.size(0));
+}
+
+}  // namespace
+
+int64_t mla_decode_workspace_elems(const DecodeSchedule& schedule, int64_t s_q, int64_t num_heads,
+                                   int64_t kv_lora_rank) {
+  require(s_q >= 0 && num_heads >= 0 && kv_lora_rank >= 0 && schedule.total_splits >= 0,
+          ErrorCode::kInvalidArgument,
+          "mla_decode_workspace_elems: sizes must be >= 0, got total_splits ",
+          schedule.total_splits, ", s_q ", s_q, ", num_heads ", num_heads, ", kv_lora_rank ",
+          kv_lora_rank);
+  // One partial output row plus its LSE per (split, query, head); indexed by the global split.
+  return schedule.total_splits * s_q * num_heads * (kv_lora_rank + 1);
+}
+
+void mla_decode(const TensorView& q, const TensorView& kv_cache, const TensorView& block_table,
+                const TensorView& seq_lens, const TensorView& out,
+                const TensorView& lse_tokens_heads, const DecodeParams& params,
+                const DecodeSchedule& schedule, const TensorView& split_workspace,
+                Stream /*stream*/) {
+  const Device device = detail::common_device(kOp, {{"q", &q},
+                                                    {"kv_cache", &kv_cache},
+                                                    {"block_table", &block_table},
+                                                    {"seq_lens", &seq_lens},
+                                                    {"out", &out},
+                                                    {"lse_tokens_heads", &lse_tokens_heads},
+                                                    {"split_workspace", &split_workspace}});
+  const cpu::DecodeProblem problem = validate(q, kv_cache, block_table, seq_lens, out,
+                                              lse_tokens_heads, params, schedule, split_workspace);
+  if (!device.is_cpu()) detail::unsupported_device(kOp, device);
+  validate_indices_host(problem, schedule);
+  cpu::mla_decode(problem, schedule);
+}
+
+void mla_decode(const TensorView& q, const TensorView& kv_cache, const TensorView& block_table,
+                const TensorView& seq_lens, const TensorView& out,
+                const TensorView& lse_tokens_heads, const DecodeParams& params) {
+  // Planning reads seq_lens on the host: this form serves host tensors only.
+  const Device device = detail::common_device(kOp, {{"q", &q},
+                                                    {"kv_cache", &kv_cache},
+                                                    {"block_table", &block_table},
+                                                    {"seq_lens", &seq_lens},
+                                                    {"out", &out},
+                                                    {"lse_tokens_heads", &lse_tokens_heads}});
+  if (!device.is_cpu()) detail::unsupported_device(kOp, device);
+  check_storage(kOp, "seq_lens", seq_lens);
+  check_ndim(kOp, "seq_lens", seq_lens, 1);
+  check_dtype(kOp, "seq_lens", seq_lens, {DType::kI32});
+  check_ndim(kOp, "q", q, 4);
+  check_ndim(kOp, "out", out, 4);
+  check_ndim(kOp, "kv_cache", kv_cache, 3);
+  check_ndim(kOp, "block_table", block_table, 2);
+  const int64_t block_size = kv_cache.size(1);
+  require(block_size > 0, ErrorCode::kInvalidArgument, kOp,
+          ": kv_cache block_size (shape[1]) must be > 0");
+  check_seq_lens_host(seq_lens, block_table.size(1), block_size);
+
+  std::vector<int32_t> lens(seq_lens.size(0));
+  for (int64_t b = 0; b < seq_lens.size(0); ++b) {
+    lens[b] = static_cast<int32_t>(read_i32(seq_lens, b * seq_lens.strides[0]));
+  }
+  const DecodeSchedule schedule = plan_decode_splits(lens, block_size, cpu::num_threads());
+  const Tensor workspace = Tensor::empty(
+      {mla_decode_workspace_elems(schedule, q.size(1), q.size(2), out.size(3))}, DType::kF32);
+  mla_decode(q, kv_cache, block_table, seq_lens, out, lse_tokens_heads, params, schedule,
+             workspace);
+}
+
+}  // namespace mlakit::ops

@@ -1,0 +1,31 @@
+// ops::scaled_fp8_quant: validation and dispatch by device.
+#include "cpu/fp8_quant.hpp"
+
+#include <cmath>
+
+#include "core/check.hpp"
+#include "mlakit/ops.hpp"
+
+namespace mlakit::ops {
+
+using detail::require;
+
+void scaled_fp8_quant(const TensorView& x, const TensorView& out, float scale, Stream /*stream*/) {
+  constexpr const char* kOp = "scaled_fp8_quant";
+  const Device device = detail::common_device(kOp, {{"x", &x}, {"out", &out}});
+  detail::check_storage(kOp, "x", x);
+  detail::check_storage(kOp, "out", out);
+  detail::check_float_activation(kOp, "x", x);
+  detail::check_dtype(kOp, "out", out, {DType::kFp8E4m3, DType::kU8});
+  detail::check_ndim(kOp, "out", out, x.ndim);
+  for (int d = 0; d < x.ndim; ++d) detail::check_size(kOp, "out", out, d, x.shape[d]);
+  // The kernel multiplies by the f32 reciprocal, which must be finite too (scale > ~2.9e-39).
+  const float inv_scale = 1.0f / scale;
+  require(std::isfinite(scale) && scale > 0.0f && std::isfinite(inv_scale),
+          ErrorCode::kInvalidArgument, kOp,
+          ": scale must be finite and > 0 with a finite reciprocal, got ", scale);
+  if (!device.is_cpu()) detail::unsupported_device(kOp, device);
+  cpu::scaled_fp8_quant(x, out, inv_scale);
+}
+
+}  // namespace mlakit::ops

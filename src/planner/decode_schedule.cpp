@@ -1,0 +1,85 @@
+// plan_decode_splits: the split-KV schedule of the absorbed MQA decode (plan.hpp).
+//
+// The whole batch's keys are cut into about kPiecesPerWorker * num_workers pieces of one common
+// length (rounded up to whole blocks, never below kMinSplitTokens), then every request's length is
+// re-divided into equal whole-block pieces so that its last piece is not a sliver. Long requests
+// get many splits, short ones one; a batch with many requests gets one split per request.
+#include <algorithm>
+#include <cstdint>
+#include <limits>
+#include <span>
+
+#include "core/check.hpp"
+#include "mlakit/plan.hpp"
+
+namespace mlakit {
+
+using detail::require;
+
+namespace {
+
+// Pieces per worker: with dynamic scheduling, 4 pieces per worker keep the last-finishing worker
+// within ~1/4 piece of the others when pieces differ in length (requests of unequal seq_len).
+constexpr int64_t kPiecesPerWorker = 4;
+// Shortest piece worth a split (tokens): a split costs one pass over its queries (s_q * N rows of
+// 576 values) plus a partial result of s_q * N * 513 floats; 64 keys of work amortize that to a few
+// percent, and 64 is the CPU kernel's key tile, so a shorter piece would leave its tile part empty.
+constexpr int64_t kMinSplitTokens = 64;
+
+int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+int64_t round_up(int64_t a, int64_t multiple) { return ceil_div(a, multiple) * multiple; }
+
+}  // namespace
+
+DecodeSchedule plan_decode_splits(std::span<const int32_t> seq_lens, int64_t block_size,
+                                  int64_t num_workers) {
+  constexpr const char* kOp = "plan_decode_splits";
+  // A worker count beyond 2^20 is no machine; it bounds the piece count so no product overflows.
+  constexpr int64_t kMaxWorkers = int64_t{1} << 20;
+  constexpr int64_t kInt32Max = std::numeric_limits<int32_t>::max();
+  require(block_size > 0 && block_size <= kInt32Max, ErrorCode::kInvalidArgument, kOp,
+          ": block_size must be in [1, 2^31 - 1], got ", block_size);
+  require(num_workers > 0 && num_workers <= kMaxWorkers, ErrorCode::kInvalidArgument, kOp,
+          ": num_workers must be in [1, ", kMaxWorkers, "], got ", num_workers);
+  const int64_t batch = static_cast<int64_t>(seq_lens.size());
+  require(batch < kInt32Max, ErrorCode::kInvalidArgument, kOp, ": too many requests (", batch, ")");
+  int64_t total_tokens = 0;
+  for (int64_t b = 0; b < batch; ++b) {
+    require(seq_lens[b] >= 0, ErrorCode::kInvalidArgument, kOp, ": seq_lens[", b,
+            "] must be >= 0, got ", seq_lens[b]);
+    total_tokens += seq_lens[b];
+  }
+
+  const int64_t target_pieces = kPiecesPerWorker * num_workers;
+  const int64_t piece_len = round_up(
+      std::max({ceil_div(total_tokens, target_pieces), kMinSplitTokens, int64_t{1}}), block_size);
+
+  DecodeSchedule schedule;
+  schedule.split_offsets.assign(batch + 1, 0);
+  schedule.split_len.assign(batch, 0);
+  int64_t total = 0;
+  for (int64_t b = 0; b < batch; ++b) {
+    const int64_t len = seq_lens[b];
+    int64_t splits = 0;
+    int64_t split_len = piece_len;
+    if (len > 0) {
+      // Re-divide into equal whole-block pieces: ceil(len / piece_len) pieces of at most
+      // piece_len tokens each, the same count but balanced lengths.
+      const int64_t pieces = ceil_div(len, piece_len);
+      split_len = round_up(ceil_div(len, pieces), block_size);
+      splits = ceil_div(len, split_len);
+    }
+    total += splits;
+    require(total <= kInt32Max, ErrorCode::kInvalidArgument, kOp,
+            ": the schedule would need more than 2^31 - 1 splits");
+    require(split_len <= kInt32Max, ErrorCode::kInvalidArgument, kOp, ": split length ", split_len,
+            " does not fit in int32 (block_size ", block_size, ")");
+    schedule.split_len[b] = static_cast<int32_t>(split_len);
+    schedule.split_offsets[b + 1] = static_cast<int32_t>(total);
+    schedule.max_splits = std::max(schedule.max_splits, splits);
+  }
+  schedule.total_splits = total;
+  return schedule;
+}
+
+}  // namespace mlakit
