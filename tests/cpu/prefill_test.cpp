@@ -401,9 +401,9 @@ TEST(MlaPrefill, RejectsBadArguments) {
   Tensor q_i32 = Tensor::empty({8, 4, 32}, DType::kI32);
   MLAKIT_EXPECT_THROW_MSG(prefill(q_i32, kn, kp, v, cq, ck, 5, 6, 0.1f, out, lse),
                           "mla_prefill: q must have dtype f32 or f16 or bf16, got i32");
-  Tensor out_f32 = Tensor::empty({8, 4, 20}, DType::kF32);
-  MLAKIT_EXPECT_THROW_MSG(prefill(q, kn, kp, v, cq, ck, 5, 6, 0.1f, out_f32, lse),
-                          "mla_prefill: out must have dtype bf16, got f32");
+  Tensor out_i32 = Tensor::empty({8, 4, 20}, DType::kI32);
+  MLAKIT_EXPECT_THROW_MSG(prefill(q, kn, kp, v, cq, ck, 5, 6, 0.1f, out_i32, lse),
+                          "mla_prefill: out must have dtype f32 or f16 or bf16, got i32");
   Tensor cu_i64 = test::int_tensor({0, 5, 8}, {3}, DType::kI64);
   MLAKIT_EXPECT_THROW_MSG(prefill(q, kn, kp, v, cu_i64, ck, 5, 6, 0.1f, out, lse),
                           "mla_prefill: cu_seqlens_q must have dtype i32, got i64");
