@@ -4,6 +4,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/bootstrap.sh
-cmake --preset release -DMLAKIT_BUILD_TESTS=OFF > /dev/null
+cmake --preset release > /dev/null
 cmake --build --preset release --target mlakit_cli
+source scripts/cpu_env.sh
 exec build/release/apps/mlakit/mlakit run "$@"

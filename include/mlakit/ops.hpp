@@ -60,7 +60,8 @@ void cp_gather_cache(const TensorView& src_cache, const TensorView& dst,
                      Stream stream = {});
 
 // ---- LSE merge (spec A.8, C.6) ------------------------------------------------------------------
-// output, prefix_output, suffix_output: [T, H, D] (f32, f16 or bf16; any strides, D contiguous)
+// output, prefix_output, suffix_output: [T, H, D] (each f32, f16 or bf16, dtypes may differ;
+//                                        any strides, D contiguous)
 // prefix_lse_heads_tokens, suffix_lse_heads_tokens: f32 [H, T]
 // output_lse_heads_tokens: f32 [H, T] or absent
 // Both sides empty (-inf/-inf) gives out = 0, lse = -inf. Never produces NaN from finite or
@@ -114,7 +115,7 @@ void mla_decode(const TensorView& q, const TensorView& kv_cache, const TensorVie
 // k_pe:         [S, R]
 // v:            [S, N, V]
 // cu_seqlens_q: i32 [B + 1];  cu_seqlens_k: i32 [B + 1]
-// out:          [T, N, V]   (head stride may exceed V)
+// out:          [T, N, V]   f32, f16 or bf16 (may differ from q's); head stride may exceed V
 // lse_heads_tokens: f32 [N, T] or absent
 void mla_prefill(const TensorView& q, const TensorView& k_nope, const TensorView& k_pe,
                  const TensorView& v, const TensorView& cu_seqlens_q,

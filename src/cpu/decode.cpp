@@ -381,24 +381,21 @@ void combine_row(const DecodeProblem& p, const Shape& sh, const DecodeSchedule& 
   auto part = [&](int64_t g) { return p.workspace + (g * sh.rows + m) * width; };
   float mx = kNegInf;
   for (int64_t g = first; g < last; ++g) mx = std::max(mx, part(g)[sh.rank]);
-  const int64_t j = m / sh.heads, n = m % sh.heads;
-  if (mx == kNegInf) {
-    acc.assign(sh.rank, 0.0f);
-    store_row(acc.data(), sh.rank, 1.0f, p.out.dtype, out_row(p, b, j, n));
-    lse_at(p, b, j, n) = kNegInf;
-    return;
-  }
   acc.assign(sh.rank, 0.0f);
   float total = 0.0f;
-  for (int64_t g = first; g < last; ++g) {
-    const float* o = part(g);
-    if (o[sh.rank] == kNegInf) continue;
-    const float w = std::exp(o[sh.rank] - mx);
-    total += w;
-    for (int64_t l = 0; l < sh.rank; ++l) acc[l] += w * o[l];
+  if (mx != kNegInf) {
+    for (int64_t g = first; g < last; ++g) {
+      const float* o = part(g);
+      if (o[sh.rank] == kNegInf) continue;
+      const float w = std::exp(o[sh.rank] - mx);
+      total += w;
+      for (int64_t l = 0; l < sh.rank; ++l) acc[l] += w * o[l];
+    }
   }
-  store_row(acc.data(), sh.rank, 1.0f / total, p.out.dtype, out_row(p, b, j, n));
-  lse_at(p, b, j, n) = mx + std::log(total);
+  const int64_t j = m / sh.heads, n = m % sh.heads;
+  store_row(acc.data(), sh.rank, total > 0.0f ? 1.0f / total : 0.0f, p.out.dtype,
+            out_row(p, b, j, n));
+  lse_at(p, b, j, n) = total > 0.0f ? mx + std::log(total) : kNegInf;
 }
 
 }  // namespace

@@ -42,26 +42,28 @@ MergeWeights merge_weights(float prefix_lse, float suffix_lse) {
 
 // out_row = w.prefix * prefix_row + w.suffix * suffix_row, chunk by chunk; each chunk of both
 // inputs is read before that chunk of the output is written (outputs may alias inputs).
-// rows: [D] elements of `dtype`, contiguous
-void merge_row(const MergeWeights& w, const void* prefix_row, const void* suffix_row, void* out_row,
-               DType dtype, int64_t d) {
-  float prefix[kChunk], suffix[kChunk], out[kChunk];
-  const int64_t elem = dtype_size(dtype);
+// rows: [D] contiguous elements, each row in its own dtype (e.g. f32 partial results merged
+// into a bf16 output)
+void merge_row(const MergeWeights& w, const TensorView& prefix, const void* prefix_row,
+               const TensorView& suffix, const void* suffix_row, const TensorView& output,
+               void* out_row, int64_t d) {
+  float prefix_f[kChunk], suffix_f[kChunk], out[kChunk];
   for (int64_t c0 = 0; c0 < d; c0 += kChunk) {
     const int64_t n = std::min(kChunk, d - c0);
-    const int64_t offset = c0 * elem;  // bytes
     std::fill_n(out, n, 0.0f);
     if (w.prefix != 0.0f) {
-      load_row(static_cast<const char*>(prefix_row) + offset, dtype, 1, n, prefix);
+      load_row(static_cast<const char*>(prefix_row) + c0 * prefix.element_size(), prefix.dtype, 1,
+               n, prefix_f);
 #pragma omp simd
-      for (int64_t j = 0; j < n; ++j) out[j] += w.prefix * prefix[j];
+      for (int64_t j = 0; j < n; ++j) out[j] += w.prefix * prefix_f[j];
     }
     if (w.suffix != 0.0f) {
-      load_row(static_cast<const char*>(suffix_row) + offset, dtype, 1, n, suffix);
+      load_row(static_cast<const char*>(suffix_row) + c0 * suffix.element_size(), suffix.dtype, 1,
+               n, suffix_f);
 #pragma omp simd
-      for (int64_t j = 0; j < n; ++j) out[j] += w.suffix * suffix[j];
+      for (int64_t j = 0; j < n; ++j) out[j] += w.suffix * suffix_f[j];
     }
-    store_row(out, n, static_cast<char*>(out_row) + offset, dtype, 1);
+    store_row(out, n, static_cast<char*>(out_row) + c0 * output.element_size(), output.dtype, 1);
   }
 }
 
@@ -72,7 +74,6 @@ void merge_attn_states(const TensorView& output,
                        const TensorView& prefix_output, const TensorView& prefix_lse_heads_tokens,
                        const TensorView& suffix_output, const TensorView& suffix_lse_heads_tokens) {
   const int64_t tokens = output.shape[0], heads = output.shape[1], d = output.shape[2];
-  const DType dtype = output.dtype;
   const float* prefix_lse = prefix_lse_heads_tokens.data_as<const float>();  // [H, T]
   const float* suffix_lse = suffix_lse_heads_tokens.data_as<const float>();  // [H, T]
   float* out_lse = output_lse_heads_tokens ? output_lse_heads_tokens->data_as<float>() : nullptr;
@@ -87,10 +88,11 @@ void merge_attn_states(const TensorView& output,
                                              suffix_lse[h * suffix_lse_heads_tokens.strides[0] +
                                                         t * suffix_lse_heads_tokens.strides[1]]);
         merge_row(
-            w,
+            w, prefix_output,
             prefix_output.element_ptr(t * prefix_output.strides[0] + h * prefix_output.strides[1]),
+            suffix_output,
             suffix_output.element_ptr(t * suffix_output.strides[0] + h * suffix_output.strides[1]),
-            output.element_ptr(t * output.strides[0] + h * output.strides[1]), dtype, d);
+            output, output.element_ptr(t * output.strides[0] + h * output.strides[1]), d);
         if (out_lse) {
           out_lse[h * output_lse_heads_tokens->strides[0] +
                   t * output_lse_heads_tokens->strides[1]] = w.lse;

@@ -291,8 +291,8 @@ void PrefillKernel::attend_tile(const ItemGeometry& g, int64_t kb, int64_t r0, i
 void PrefillKernel::store_row_result(int64_t token, int64_t head, const float* out_row,
                                      float lse) const {
   const TensorView& out = a_.out;  // [T, N, V]
-  store_row(out_row, dv_, out.element_ptr(token * out.strides[0] + head * out.strides[1]), dtype_,
-            out.strides[2]);
+  store_row(out_row, dv_, out.element_ptr(token * out.strides[0] + head * out.strides[1]),
+            out.dtype, out.strides[2]);
   if (lse_) {
     const TensorView& l = *a_.lse_heads_tokens;  // [N, T]
     lse_[head * l.strides[0] + token * l.strides[1]] = lse;

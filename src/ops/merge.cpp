@@ -44,11 +44,11 @@ void check_alias(const char* out_name, const TensorView& out, const char* in_nam
                   "identical data pointer, shape and strides)");
 }
 
-// prefix_output / suffix_output: [T, H, D] like `output`, same dtype, D contiguous.
+// prefix_output / suffix_output: [T, H, D] like `output` (each f32, f16 or bf16), D contiguous.
 void check_states(const char* name, const TensorView& t, const TensorView& output) {
   detail::check_storage(kOp, name, t);
   detail::check_ndim(kOp, name, t, 3);
-  detail::check_dtype(kOp, name, t, {output.dtype});
+  detail::check_float_activation(kOp, name, t);
   for (int d = 0; d < 3; ++d) detail::check_size(kOp, name, t, d, output.shape[d]);
   detail::check_inner_contiguous(kOp, name, t);
 }

@@ -1,6 +1,7 @@
 // ops::mla_prefill: argument validation (backend independent) and device dispatch.
 #include "cpu/prefill.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <optional>
@@ -40,7 +41,7 @@ void check_prefill_layout(const TensorView& q, const TensorView& k_nope, const T
   check_dtype(kOp, "k_nope", k_nope, {q.dtype});
   check_dtype(kOp, "k_pe", k_pe, {q.dtype});
   check_dtype(kOp, "v", v, {q.dtype});
-  check_dtype(kOp, "out", out, {q.dtype});
+  check_float_activation(kOp, "out", out);  // any float dtype: partial results may stay f32
   check_dtype(kOp, "cu_seqlens_q", cu_seqlens_q, {DType::kI32});
   check_dtype(kOp, "cu_seqlens_k", cu_seqlens_k, {DType::kI32});
 

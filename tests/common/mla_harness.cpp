@@ -5,6 +5,8 @@
 #include <algorithm>
 #include <cfloat>
 #include <cmath>
+#include <cstdlib>
+#include <iostream>
 #include <numeric>
 
 #include "common/test_util.hpp"
@@ -238,6 +240,8 @@ E2eResult run_e2e_case(const E2eCase& c) {
   const std::vector<double> nans(c.spare_rows * n * v, NAN);
   EXPECT_TRUE(all_close(output.view().narrow(0, tokens, c.spare_rows), nans, {0, 0}))
       << c.name << ": rows past num_actual_tokens must stay untouched";
+  if (std::getenv("MLAKIT_E2E_VERBOSE"))
+    std::cerr << c.name << ": max |error| " << result.max_abs_error << "\n";
   return result;
 }
 

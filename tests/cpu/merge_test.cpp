@@ -96,6 +96,21 @@ SmallMerge merge_with_lse(std::mt19937_64& rng, float prefix_lse, float suffix_l
   return m;
 }
 
+// The orchestrator merges f32 partial results into a 16-bit output: each tensor keeps its dtype.
+TEST(MergeAttnStates, MixedDtypesRoundOnlyTheOutput) {
+  auto rng = test::make_rng(11);
+  const int64_t tokens = 37, heads = 3, d = 64;
+  for (DType out_dtype : {DType::kBF16, DType::kF16}) {
+    Tensor prefix = test::random_tensor(rng, {tokens, heads, d}, DType::kF32);
+    Tensor suffix = test::random_tensor(rng, {tokens, heads, d}, out_dtype);
+    LsePair lse = random_lse_pair(rng, heads, tokens);
+    Tensor out = test::nan_tensor({tokens, heads, d}, out_dtype);
+    ops::merge_attn_states(out, std::nullopt, prefix, lse.prefix, suffix, lse.suffix);
+    const ref::MergeResult expected = reference_merge(prefix, lse.prefix, suffix, lse.suffix);
+    EXPECT_TRUE(test::all_close(out, expected.out, test::tolerance_for(out_dtype)));
+  }
+}
+
 TEST(MergeAttnStates, BothSidesEmptyGiveZeroAndNegInf) {
   auto rng = test::make_rng(2);
   const float inf = std::numeric_limits<float>::infinity();
@@ -236,10 +251,10 @@ TEST(MergeAttnStates, RejectsBadArguments) {
   Tensor wrong_d = Tensor::empty({tokens, heads, d + 1}, DType::kF32);
   MLAKIT_EXPECT_THROW_MSG(merge(out, out_lse.view(), prefix, lse, wrong_d, lse),
                           "merge_attn_states: suffix_output.shape[2] must equal 16, got 17");
-  Tensor bf16 = Tensor::empty({tokens, heads, d}, DType::kBF16);
-  MLAKIT_EXPECT_THROW_MSG(merge(out, out_lse.view(), bf16, lse, suffix, lse),
-                          "merge_attn_states: prefix_output must have dtype f32, got bf16");
   Tensor ints = Tensor::empty({tokens, heads, d}, DType::kI32);
+  MLAKIT_EXPECT_THROW_MSG(
+      merge(out, out_lse.view(), ints, lse, suffix, lse),
+      "merge_attn_states: prefix_output must have dtype f32 or f16 or bf16, got i32");
   MLAKIT_EXPECT_THROW_MSG(merge(ints, out_lse.view(), prefix, lse, suffix, lse),
                           "merge_attn_states: output must have dtype f32 or f16 or bf16, got i32");
   Tensor flat = Tensor::empty({tokens, heads * d}, DType::kF32);

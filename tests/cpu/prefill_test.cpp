@@ -176,15 +176,26 @@ TEST(MlaPrefill, DeepSeekHeadSizesAcrossKeyBlocks) {
 }
 
 TEST(MlaPrefill, ManyHeadsLongRequest) {
-  // 64 heads x 300 queries over 600 keys: enough work items for the large (256-row) items on up
-  // to 16 threads, with a last item of 44 rows. The 300 context keys make the first key block
-  // visible to all rows of an item (one GEMM over several tiles) and the later ones only partly.
+  // 128 heads x 300 queries over 400 keys: enough work items for the large (256-row) items on up
+  // to 32 threads, with a last item of 44 rows. With 100 context keys the later tiles of an item
+  // see the whole first key block (one GEMM over several tiles), the earlier ones part of it.
   // Tiny head sizes keep the fp64 reference fast.
   auto rng = test::make_rng(3);
-  const PrefillShape shape{64, 8, 8, 8};
-  PrefillInputs in = make_inputs(rng, DType::kBF16, shape, {300}, {600});
+  const PrefillShape shape{128, 8, 8, 8};
+  PrefillInputs in = make_inputs(rng, DType::kBF16, shape, {300}, {400});
   run_prefill(in, /*causal=*/true);
   expect_matches_reference(in, true, DType::kBF16);
+}
+
+TEST(MlaPrefill, SixteenHeads) {
+  auto rng = test::make_rng(12);
+  const PrefillShape shape{16, 24, 8, 20};
+  for (bool causal : {true, false}) {
+    SCOPED_TRACE(causal ? "causal" : "non-causal");
+    PrefillInputs in = make_inputs(rng, DType::kF16, shape, {33, 70, 2}, {50, 70, 9});
+    run_prefill(in, causal);
+    expect_matches_reference(in, causal, DType::kF16);
+  }
 }
 
 TEST(MlaPrefill, SingleHead) {
@@ -390,9 +401,9 @@ TEST(MlaPrefill, RejectsBadArguments) {
   Tensor q_i32 = Tensor::empty({8, 4, 32}, DType::kI32);
   MLAKIT_EXPECT_THROW_MSG(prefill(q_i32, kn, kp, v, cq, ck, 5, 6, 0.1f, out, lse),
                           "mla_prefill: q must have dtype f32 or f16 or bf16, got i32");
-  Tensor out_f32 = Tensor::empty({8, 4, 20}, DType::kF32);
-  MLAKIT_EXPECT_THROW_MSG(prefill(q, kn, kp, v, cq, ck, 5, 6, 0.1f, out_f32, lse),
-                          "mla_prefill: out must have dtype bf16, got f32");
+  Tensor out_i32 = Tensor::empty({8, 4, 20}, DType::kI32);
+  MLAKIT_EXPECT_THROW_MSG(prefill(q, kn, kp, v, cq, ck, 5, 6, 0.1f, out_i32, lse),
+                          "mla_prefill: out must have dtype f32 or f16 or bf16, got i32");
   Tensor cu_i64 = test::int_tensor({0, 5, 8}, {3}, DType::kI64);
   MLAKIT_EXPECT_THROW_MSG(prefill(q, kn, kp, v, cu_i64, ck, 5, 6, 0.1f, out, lse),
                           "mla_prefill: cu_seqlens_q must have dtype i32, got i64");
