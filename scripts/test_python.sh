@@ -16,7 +16,8 @@ if [ ! -f "$LIBRARY" ]; then
   exit 1
 fi
 
-PIP=("$PYTHON" -m pip install --quiet --disable-pip-version-check --no-warn-script-location)
+PIP=("$PYTHON" -m pip install --quiet --disable-pip-version-check --no-warn-script-location
+     --root-user-action=ignore)
 "${PIP[@]}" numpy==2.4.6 ml_dtypes==0.7.0 pytest==9.2.0
 # --force-reinstall: the version stays 0.1.0 while the library it packages changes.
 MLAKIT_BUILD_DIR="$BUILD_DIR" "${PIP[@]}" --force-reinstall --no-deps ./python
