@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The tests: installs dependencies, then
-#   1. Release build with warnings as errors, all tests (GPU tests skip without a GPU);
+#   1. Release build with warnings as errors, all tests (GPU tests skip without a GPU), then the
+#      Python package's pytest suite against that build;
 #   2. AddressSanitizer + UndefinedBehaviorSanitizer build, all CPU tests;
 #   3. when nvcc exists: the CUDA backend compiled for sm_90a (and its tests run, which skip
 #      cleanly on a machine without a GPU).
@@ -13,6 +14,9 @@ echo "== release build (-Werror) =="
 cmake --preset release > /dev/null
 cmake --build --preset release -j "$JOBS"
 ctest --preset release -j "$JOBS"
+
+echo "== Python package (ctypes over libmlakit_c.so) =="
+bash scripts/test_python.sh
 
 echo "== ASan + UBSan build =="
 cmake --preset asan > /dev/null
