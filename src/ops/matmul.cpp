@@ -1,0 +1,139 @@
+// ops::batched_matmul: validation (backend-independent) and device dispatch.
+#include "ops/matmul.hpp"
+
+#include <algorithm>
+#include <array>
+#include <climits>
+#include <optional>
+
+#include "core/check.hpp"
+#include "cpu/matmul.hpp"
+#include "mlakit/ops.hpp"
+
+namespace mlakit::detail {
+namespace {
+
+constexpr const char* kOp = "batched_matmul";
+
+std::string strides_string(const TensorView& t) {
+  std::string s = "(";
+  for (int d = 0; d < t.ndim; ++d) s += str_cat(d ? ", " : "", t.strides[d]);
+  return s + ")";
+}
+
+// One [batch, rows, cols] operand as a BLAS matrix per batch index, if it is one: stride 1 along
+// the columns (row-major) or along the rows (column-major), and a leading stride that keeps rows
+// (columns) apart. A dimension of size 1 has no meaningful stride and fits either layout.
+std::optional<GemmOperand> as_blas_matrix(const TensorView& t) {
+  const int64_t rows = t.shape[1], cols = t.shape[2];
+  GemmOperand op{t.data, t.dtype, false, std::max<int64_t>(cols, 1), t.strides[0]};
+  if (t.numel() == 0) return op;  // nothing is read or written: any strides will do
+  if (t.strides[2] == 1 || cols == 1) {
+    op.ld = rows == 1 ? std::max<int64_t>(cols, 1) : t.strides[1];
+    if (op.ld >= cols) return op;
+  }
+  if (t.strides[1] == 1 || rows == 1) {
+    op.col_major = true;
+    op.ld = cols == 1 ? std::max<int64_t>(rows, 1) : t.strides[2];
+    if (op.ld >= rows) return op;
+  }
+  return std::nullopt;
+}
+
+GemmOperand blas_matrix(const char* name, const TensorView& t) {
+  const std::optional<GemmOperand> op = as_blas_matrix(t);
+  require(op.has_value(), ErrorCode::kInvalidArgument, kOp, ": ", name,
+          " must be a row-major or a transposed matrix per batch index (stride 1 in its last "
+          "dimension and a row stride >= ",
+          t.shape[2],
+          ", or stride 1 in its second-to-last dimension and a column stride >= ", t.shape[1],
+          "), got shape ", shape_string(t), " with strides ", strides_string(t));
+  return *op;
+}
+
+// Sufficient condition for "every index has its own element": ordered by stride, each dimension
+// of size > 1 steps past the last element reachable through the smaller ones.
+bool has_no_self_overlap(const TensorView& t) {
+  std::array<int, kMaxDims> dims{};
+  int count = 0;
+  for (int d = 0; d < t.ndim; ++d)
+    if (t.shape[d] > 1) dims[count++] = d;
+  for (int i = 1; i < count; ++i)  // insertion sort by stride (at most kMaxDims entries)
+    for (int j = i; j > 0 && t.strides[dims[j]] < t.strides[dims[j - 1]]; --j)
+      std::swap(dims[j], dims[j - 1]);
+  int64_t max_offset = -1;  // of the smaller dimensions seen so far (-1: none yet)
+  for (int i = 0; i < count; ++i) {
+    const int d = dims[i];
+    if (t.strides[d] <= max_offset || t.strides[d] == 0) return false;
+    max_offset = std::max<int64_t>(max_offset, 0) + (t.shape[d] - 1) * t.strides[d];
+  }
+  return true;
+}
+
+void check_blas_int(const char* what, int64_t value) {
+  require(value <= INT_MAX, ErrorCode::kUnsupported, kOp, ": ", what,
+          " must fit the 32-bit BLAS integer (<= ", INT_MAX, "), got ", value);
+}
+
+}  // namespace
+
+BatchedGemm describe_batched_matmul(const TensorView& a, const TensorView& w, const TensorView& c) {
+  check_ndim(kOp, "a", a, 3);
+  check_ndim(kOp, "w", w, 3);
+  check_ndim(kOp, "c", c, 3);
+  check_storage(kOp, "a", a);
+  check_storage(kOp, "w", w);
+  check_storage(kOp, "c", c);
+  common_device(kOp, {{"a", &a}, {"w", &w}, {"c", &c}});
+  check_float_activation(kOp, "a", a);
+  check_float_activation(kOp, "w", w);
+  check_float_activation(kOp, "c", c);
+
+  BatchedGemm g;
+  g.batch = a.shape[0];
+  g.m = a.shape[1];
+  g.k = a.shape[2];
+  g.n = w.shape[2];
+  const std::string shapes =
+      str_cat(" (a ", shape_string(a), ", w ", shape_string(w), ", c ", shape_string(c), ")");
+  require(w.shape[0] == g.batch, ErrorCode::kInvalidArgument, kOp,
+          ": w.shape[0] must equal the batch a.shape[0] = ", g.batch, ", got ", w.shape[0], shapes);
+  require(w.shape[1] == g.k, ErrorCode::kInvalidArgument, kOp,
+          ": w.shape[1] must equal K = a.shape[2] = ", g.k, ", got ", w.shape[1], shapes);
+  require(c.shape[0] == g.batch, ErrorCode::kInvalidArgument, kOp,
+          ": c.shape[0] must equal the batch a.shape[0] = ", g.batch, ", got ", c.shape[0], shapes);
+  require(c.shape[1] == g.m, ErrorCode::kInvalidArgument, kOp,
+          ": c.shape[1] must equal M = a.shape[1] = ", g.m, ", got ", c.shape[1], shapes);
+  require(c.shape[2] == g.n, ErrorCode::kInvalidArgument, kOp,
+          ": c.shape[2] must equal Ncol = w.shape[2] = ", g.n, ", got ", c.shape[2], shapes);
+
+  g.a = blas_matrix("a", a);
+  g.w = blas_matrix("w", w);
+  g.c = blas_matrix("c", c);
+  require(c.numel() == 0 || has_no_self_overlap(c), ErrorCode::kInvalidArgument, kOp,
+          ": c must not overlap itself (each output element needs its own storage), got shape ",
+          shape_string(c), " with strides ", strides_string(c));
+
+  check_blas_int("M", g.m);
+  check_blas_int("Ncol", g.n);
+  check_blas_int("K", g.k);
+  check_blas_int("the leading stride of a", g.a.ld);
+  check_blas_int("the leading stride of w", g.w.ld);
+  check_blas_int("the leading stride of c", g.c.ld);
+  return g;
+}
+
+}  // namespace mlakit::detail
+
+namespace mlakit::ops {
+
+void batched_matmul(const TensorView& a, const TensorView& w, const TensorView& c, Stream) {
+  const detail::BatchedGemm gemm = detail::describe_batched_matmul(a, w, c);
+  if (c.device.is_cpu()) {
+    cpu::batched_gemm(gemm);
+    return;
+  }
+  detail::unsupported_device("batched_matmul", c.device);
+}
+
+}  // namespace mlakit::ops
