@@ -13,6 +13,10 @@
 #include "mlakit/kv_cache.hpp"
 #include "mlakit/ops.hpp"
 
+#ifdef MLAKIT_WITH_CUDA
+#include "cuda/cache/launch.hpp"
+#endif
+
 namespace mlakit::ops {
 namespace {
 
@@ -172,12 +176,19 @@ void validate_cp_gather_cache(const TensorView& src_cache, const TensorView& dst
 
 void concat_and_cache_mla(const TensorView& kv_c, const TensorView& k_pe,
                           const TensorView& kv_cache, const TensorView& slot_mapping,
-                          KvCacheDType kv_dtype, float k_scale, Stream /*stream*/) {
+                          KvCacheDType kv_dtype, float k_scale, [[maybe_unused]] Stream stream) {
   const Device device = detail::common_device(
       kConcatOp,
       {{"kv_c", &kv_c}, {"k_pe", &k_pe}, {"kv_cache", &kv_cache}, {"slot_mapping", &slot_mapping}});
   validate_concat_and_cache_mla(kv_c, k_pe, kv_cache, slot_mapping, kv_dtype, k_scale);
-  if (!device.is_cpu()) detail::unsupported_device(kConcatOp, device);
+  if (device.is_cuda()) {
+#ifdef MLAKIT_WITH_CUDA
+    return cuda::concat_and_cache_mla(kv_c, k_pe, kv_cache, slot_mapping, kv_dtype, k_scale,
+                                      stream);
+#else
+    detail::unsupported_device(kConcatOp, device);
+#endif
+  }
   cpu::concat_and_cache_mla(kv_c, k_pe, kv_cache, slot_mapping, kv_dtype, k_scale);
 }
 
@@ -186,7 +197,7 @@ void gather_and_maybe_dequant_cache(const TensorView& src_cache, const TensorVie
                                     const TensorView& token_to_seq, int64_t num_tokens,
                                     KvCacheDType kv_dtype, float scale,
                                     const std::optional<TensorView>& seq_starts,
-                                    Stream /*stream*/) {
+                                    [[maybe_unused]] Stream stream) {
   const Device device = detail::common_device(kGatherOp, {{"src_cache", &src_cache},
                                                           {"dst", &dst},
                                                           {"block_table", &block_table},
@@ -195,7 +206,15 @@ void gather_and_maybe_dequant_cache(const TensorView& src_cache, const TensorVie
   if (seq_starts) detail::check_device(kGatherOp, "seq_starts", *seq_starts, device);
   validate_gather_and_maybe_dequant_cache(src_cache, dst, block_table, cu_seq_lens, token_to_seq,
                                           num_tokens, kv_dtype, scale, seq_starts);
-  if (!device.is_cpu()) detail::unsupported_device(kGatherOp, device);
+  if (device.is_cuda()) {
+#ifdef MLAKIT_WITH_CUDA
+    return cuda::gather_and_maybe_dequant_cache(src_cache, dst, block_table, cu_seq_lens,
+                                                token_to_seq, num_tokens, kv_dtype, scale,
+                                                seq_starts, stream);
+#else
+    detail::unsupported_device(kGatherOp, device);
+#endif
+  }
   cpu::gather_and_maybe_dequant_cache(src_cache, dst, block_table, cu_seq_lens, token_to_seq,
                                       num_tokens, kv_dtype, scale, seq_starts);
 }
@@ -203,14 +222,21 @@ void gather_and_maybe_dequant_cache(const TensorView& src_cache, const TensorVie
 void cp_gather_cache(const TensorView& src_cache, const TensorView& dst,
                      const TensorView& block_table, const TensorView& cu_seq_lens,
                      int64_t batch_size, const std::optional<TensorView>& seq_starts,
-                     Stream /*stream*/) {
+                     [[maybe_unused]] Stream stream) {
   const Device device = detail::common_device(kCpGatherOp, {{"src_cache", &src_cache},
                                                             {"dst", &dst},
                                                             {"block_table", &block_table},
                                                             {"cu_seq_lens", &cu_seq_lens}});
   if (seq_starts) detail::check_device(kCpGatherOp, "seq_starts", *seq_starts, device);
   validate_cp_gather_cache(src_cache, dst, block_table, cu_seq_lens, batch_size, seq_starts);
-  if (!device.is_cpu()) detail::unsupported_device(kCpGatherOp, device);
+  if (device.is_cuda()) {
+#ifdef MLAKIT_WITH_CUDA
+    return cuda::cp_gather_cache(src_cache, dst, block_table, cu_seq_lens, batch_size, seq_starts,
+                                 stream);
+#else
+    detail::unsupported_device(kCpGatherOp, device);
+#endif
+  }
   cpu::cp_gather_cache(src_cache, dst, block_table, cu_seq_lens, batch_size, seq_starts);
 }
 

@@ -3,9 +3,13 @@
 #include "core/check.hpp"
 #include "mlakit/ops.hpp"
 
+#ifdef MLAKIT_WITH_CUDA
+#include "cuda/elementwise/launch.hpp"
+#endif
+
 namespace mlakit::ops {
 
-void copy(const TensorView& src, const TensorView& dst, Stream) {
+void copy(const TensorView& src, const TensorView& dst, [[maybe_unused]] Stream stream) {
   constexpr const char* kOp = "copy";
   detail::check_storage(kOp, "src", src);
   detail::check_storage(kOp, "dst", dst);
@@ -16,14 +20,26 @@ void copy(const TensorView& src, const TensorView& dst, Stream) {
                   dst.to_string());
   for (int d = 0; d < src.ndim; ++d) detail::check_size(kOp, "dst", dst, d, src.shape[d]);
   const Device device = detail::common_device(kOp, {{"src", &src}, {"dst", &dst}});
-  if (!device.is_cpu()) detail::unsupported_device(kOp, device);
+  if (device.is_cuda()) {
+#ifdef MLAKIT_WITH_CUDA
+    return cuda::copy(src, dst, stream);
+#else
+    detail::unsupported_device(kOp, device);
+#endif
+  }
   cpu::copy(src, dst);
 }
 
-void fill_zero(const TensorView& dst, Stream) {
+void fill_zero(const TensorView& dst, [[maybe_unused]] Stream stream) {
   constexpr const char* kOp = "fill_zero";
   detail::check_storage(kOp, "dst", dst);
-  if (!dst.device.is_cpu()) detail::unsupported_device(kOp, dst.device);
+  if (dst.device.is_cuda()) {
+#ifdef MLAKIT_WITH_CUDA
+    return cuda::fill_zero(dst, stream);
+#else
+    detail::unsupported_device(kOp, dst.device);
+#endif
+  }
   cpu::fill_zero(dst);
 }
 

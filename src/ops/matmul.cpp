@@ -10,6 +10,10 @@
 #include "cpu/matmul.hpp"
 #include "mlakit/ops.hpp"
 
+#ifdef MLAKIT_WITH_CUDA
+#include "cuda/gemm/batched_gemm.hpp"
+#endif
+
 namespace mlakit::detail {
 namespace {
 
@@ -127,13 +131,17 @@ BatchedGemm describe_batched_matmul(const TensorView& a, const TensorView& w, co
 
 namespace mlakit::ops {
 
-void batched_matmul(const TensorView& a, const TensorView& w, const TensorView& c, Stream) {
+void batched_matmul(const TensorView& a, const TensorView& w, const TensorView& c,
+                    [[maybe_unused]] Stream stream) {
   const detail::BatchedGemm gemm = detail::describe_batched_matmul(a, w, c);
-  if (c.device.is_cpu()) {
-    cpu::batched_gemm(gemm);
-    return;
+  if (c.device.is_cuda()) {
+#ifdef MLAKIT_WITH_CUDA
+    return cuda::batched_gemm(gemm, c.device, stream);
+#else
+    detail::unsupported_device("batched_matmul", c.device);
+#endif
   }
-  detail::unsupported_device("batched_matmul", c.device);
+  cpu::batched_gemm(gemm);
 }
 
 }  // namespace mlakit::ops

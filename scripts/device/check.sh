@@ -1,0 +1,115 @@
+#!/usr/bin/env bash
+# Runs ON the GPU machine, in the repo root, with .devbin carried (see docs/device.md):
+#   device run: command "bash scripts/device/check.sh", carry [".devbin"]
+# Prints the GPU, runs every GPU test program in .devbin/bin, then every GPU bench
+# (.devbin/bin/bench_gpu_*), and writes the whole log to $OUT/check.log. Short output per step;
+# the whole run stays under 9 minutes. Exit status 0 only when every test passed and none was
+# skipped (MLAKIT_ALLOW_SKIPS=1 allows skips, for a dry run on a machine without a GPU).
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+OUT=${OUT:-/tmp/mlakit-device-check}
+mkdir -p "$OUT"
+LOG="$OUT/check.log"
+: > "$LOG"
+say() { echo "$@" | tee -a "$LOG"; }
+DEADLINE=$((SECONDS + 530))  # 8 min 50 s in all
+TEST_TIMEOUT=240             # one test program
+BENCH_TIMEOUT=120            # one bench program
+
+if [ ! -d .devbin/bin ]; then
+  say "check: no .devbin/bin: build and collect on the build machine, then carry .devbin"
+  exit 2
+fi
+
+# Libraries carried from the build machine, then CUDA's own (toolkit and pip wheels).
+LIBDIR=/tmp/mlakit-devlib
+rm -rf "$LIBDIR" && mkdir -p "$LIBDIR"
+tar -C "$LIBDIR" -xzf .devbin/lib.tar.gz
+cuda_dirs=""
+for d in /usr/local/cuda/lib64 /usr/local/cuda/lib /usr/local/cuda/targets/x86_64-linux/lib; do
+  [ -d "$d" ] && cuda_dirs="$cuda_dirs:$d"
+done
+py_dirs=$(python3 - 2>/dev/null <<'PY'
+import importlib, os
+dirs = []
+for mod in ("nvidia.cublas", "nvidia.cuda_runtime", "nvidia.cu13"):
+    try:
+        m = importlib.import_module(mod)
+    except Exception:
+        continue
+    for base in getattr(m, "__path__", []):
+        for sub in ("lib", "lib64"):
+            p = os.path.join(base, sub)
+            if os.path.isdir(p):
+                dirs.append(p)
+print(":".join(dirs))
+PY
+)
+export LD_LIBRARY_PATH="$LIBDIR/lib${cuda_dirs}${py_dirs:+:$py_dirs}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+
+say "== device"
+nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv,noheader 2>&1 |
+  tee -a "$LOG"
+say "commit $(git rev-parse --short HEAD 2>/dev/null || echo unknown), $(date -u +%FT%TZ)"
+
+missing=0
+for binary in .devbin/bin/*; do
+  if ldd "$binary" | grep -q "not found"; then
+    say "check: $(basename "$binary") misses libraries: $(ldd "$binary" | grep 'not found' | tr -s ' \t' ' ' | tr '\n' ';')"
+    missing=1
+  fi
+done
+[ "$missing" -eq 0 ] || { say "check: LD_LIBRARY_PATH=$LD_LIBRARY_PATH"; exit 3; }
+
+say "== GPU tests"
+failed=()
+for binary in .devbin/bin/*_test; do
+  name=$(basename "$binary")
+  if [ "$SECONDS" -ge "$DEADLINE" ]; then
+    say "SKIP  $name (time budget spent)"
+    failed+=("$name")
+    continue
+  fi
+  start=$SECONDS
+  timeout "$TEST_TIMEOUT" "$binary" --gtest_brief=1 > "/tmp/$name.log" 2>&1
+  rc=$?
+  counts=$(grep -E '^\[ +(PASSED|FAILED|SKIPPED) +\] [0-9]+ tests?' "/tmp/$name.log" |
+    sed -E 's/, listed below://; s/ +/ /g' | tr '\n' ' ')
+  # On the GPU machine nothing may skip: a skip means the GPU was not seen.
+  skipped=$(grep -oE '^\[ +SKIPPED +\] [0-9]+' "/tmp/$name.log" | grep -oE '[0-9]+$' | head -n 1)
+  if [ "$rc" -eq 0 ] && [ "${skipped:-0}" -gt 0 ] && [ "${MLAKIT_ALLOW_SKIPS:-0}" != 1 ]; then
+    say "FAIL  $name: $skipped tests skipped (no GPU seen?) $counts"
+    grep -m 3 -A 1 'Skipped' "/tmp/$name.log" >> "$LOG"
+    failed+=("$name")
+  elif [ "$rc" -eq 0 ]; then
+    say "PASS  $name ($((SECONDS - start)) s) $counts"
+  else
+    say "FAIL  $name (exit $rc$([ "$rc" -eq 124 ] && echo ', timed out'), $((SECONDS - start)) s) $counts"
+    grep -E 'test seed' "/tmp/$name.log" | head -n 1 | tee -a "$LOG"
+    head -n 150 "/tmp/$name.log" | grep -v '^\[ *\(RUN\|OK\) ' >> "$LOG"
+    failed+=("$name")
+  fi
+done
+
+benches=(.devbin/bin/bench_gpu_*)
+if [ -e "${benches[0]}" ]; then
+  say "== GPU benches"
+  for binary in "${benches[@]}"; do
+    name=$(basename "$binary")
+    if [ "$SECONDS" -ge "$DEADLINE" ]; then
+      say "SKIP  $name (time budget spent)"
+      continue
+    fi
+    timeout "$BENCH_TIMEOUT" "$binary" > "/tmp/$name.log" 2>&1
+    rc=$?
+    say "-- $name (exit $rc)"
+    tail -n 60 "/tmp/$name.log" | tee -a "$LOG"
+  done
+fi
+
+if [ ${#failed[@]} -eq 0 ]; then
+  say "== all GPU tests passed ($SECONDS s)"
+  exit 0
+fi
+say "== FAILED: ${failed[*]} ($SECONDS s); full log: $LOG"
+exit 1

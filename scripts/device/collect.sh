@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# Copies the GPU test and bench programs built by build_here.sh, and the shared libraries they
+# need that the GPU machine may lack (OpenBLAS, gfortran, quadmath, gomp, ...), into .devbin/
+# (git-ignored), to be carried to the GPU machine. Not copied: the C/C++ runtime (the machine's
+# newer glibc and libstdc++ serve), the CUDA driver, runtime and cuBLAS (the machine has CUDA 13).
+#   bash scripts/device/collect.sh        -> .devbin/bin/*, .devbin/lib.tar.gz
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+BUILD=${BUILD:-build/cuda}
+# The device tool carries at most 64 MiB with the working tree.
+LIMIT_BYTES=$((56 * 1024 * 1024))
+
+rm -rf .devbin
+mkdir -p .devbin/bin .devbin/lib
+
+found=0
+for source in tests/cuda/*_test.cpp bench/bench_gpu_*.cpp; do
+  [ -e "$source" ] || continue
+  name=$(basename "$source" .cpp)
+  binary=""
+  for dir in "$BUILD/tests" "$BUILD/bench"; do
+    if [ -x "$dir/$name" ]; then binary="$dir/$name"; fi
+  done
+  if [ -z "$binary" ]; then
+    echo "collect: $name was not built (run scripts/device/build_here.sh)"
+    exit 1
+  fi
+  cp "$binary" .devbin/bin/
+  strip --strip-unneeded ".devbin/bin/$name"
+  found=$((found + 1))
+done
+[ "$found" -gt 0 ] || { echo "collect: nothing to collect"; exit 1; }
+
+# Libraries: everything ldd resolves except the system C/C++ runtime and CUDA's own.
+skip='^(linux-vdso|ld-linux|libc\.so|libm\.so|libdl\.so|libpthread\.so|librt\.so|libstdc\+\+|libgcc_s|libcuda\.so|libcudart|libcublas|libcublasLt|libnvidia)'
+for binary in .devbin/bin/*; do
+  ldd "$binary" | awk '$2 == "=>" && $3 ~ /^\// {print $1, $3}'
+done | sort -u | while read -r soname path; do
+  if [[ "$soname" =~ $skip ]]; then continue; fi
+  cp -L "$path" ".devbin/lib/$soname"
+done
+tar -C .devbin -czf .devbin/lib.tar.gz lib
+rm -rf .devbin/lib
+
+bytes=$(du -sb .devbin | cut -f1)
+echo "collect: $found programs; libraries: $(tar -tzf .devbin/lib.tar.gz | grep -c '\.so') ($(du -h .devbin/lib.tar.gz | cut -f1) packed); .devbin is $((bytes / 1024 / 1024)) MiB"
+if [ "$bytes" -gt "$LIMIT_BYTES" ]; then
+  echo "collect: warning: .devbin is over $((LIMIT_BYTES / 1024 / 1024)) MiB; the device tool may refuse to carry it"
+fi

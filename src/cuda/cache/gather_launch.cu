@@ -1,0 +1,156 @@
+// Grids and dispatch of gather_and_maybe_dequant_cache and cp_gather_cache (gather_kernel.cuh).
+#include <algorithm>
+
+#include "cuda/cache/gather_kernel.cuh"
+#include "cuda/cache/launch.hpp"
+#include "cuda/cache/launch_common.cuh"
+#include "cuda/common/device_errors.hpp"
+#include "cuda/common/runtime.hpp"
+
+namespace mlakit::cuda {
+
+namespace {
+
+constexpr const char* kGatherOp = "gather_and_maybe_dequant_cache";
+constexpr const char* kCpGatherOp = "cp_gather_cache";
+
+template <class Kernel, class... Extra>
+void launch_gather(Kernel kernel, const char* name, const GatherParams& p, cudaStream_t stream,
+                   const Extra&... extra) {
+  const int64_t blocks = grid_blocks(p.num_tokens, kWarpsPerBlock);
+  kernel<<<static_cast<unsigned>(blocks), kThreadsPerBlock, 0, stream>>>(p, extra...);
+  check_launch(kGatherOp, name);
+}
+
+void gather_raw(const GatherParams& p, cudaStream_t stream) {
+  const int64_t unit = entry_alignment(
+      p.cache,
+      {address(p.dst), static_cast<uint64_t>(p.dst_row_bytes), static_cast<uint64_t>(p.row_bytes)});
+  switch (unit) {
+    case 16:
+      return launch_gather(gather_raw_kernel<16>, "gather_raw_kernel<16>", p, stream);
+    case 8:
+      return launch_gather(gather_raw_kernel<8>, "gather_raw_kernel<8>", p, stream);
+    case 4:
+      return launch_gather(gather_raw_kernel<4>, "gather_raw_kernel<4>", p, stream);
+    case 2:
+      return launch_gather(gather_raw_kernel<2>, "gather_raw_kernel<2>", p, stream);
+    default:
+      return launch_gather(gather_raw_kernel<1>, "gather_raw_kernel<1>", p, stream);
+  }
+}
+
+// dst[t, i] = Out(op(In(entry[i]))) in packs of 16 bytes on the wider side when aligned.
+template <class In, class Out, class Op>
+void gather_convert(const GatherParams& p, const Op& op, cudaStream_t stream) {
+  constexpr int64_t kIn = sizeof(typename In::Storage), kOut = sizeof(typename Out::Storage);
+  // Values per pack: the wider of the two sides moves 16 bytes.
+  constexpr int kVec = static_cast<int>(16 / std::max(kIn, kOut));
+  const bool fits = p.width % kVec == 0 && entry_alignment(p.cache, {}, kVec * kIn) == kVec * kIn &&
+                    common_alignment({address(p.dst), static_cast<uint64_t>(p.dst_row_bytes)},
+                                     kVec * kOut) == kVec * kOut;
+  if (fits) {
+    return launch_gather(gather_convert_kernel<In, Out, kVec, Op>, "gather_convert_kernel<vector>",
+                         p, stream, op);
+  }
+  launch_gather(gather_convert_kernel<In, Out, 1, Op>, "gather_convert_kernel<scalar>", p, stream,
+                op);
+}
+
+void gather_ds_mla(DType out, const GatherParams& p, cudaStream_t stream) {
+  dispatch_float16(kGatherOp, out, [&](auto out_elem) {
+    using Out = decltype(out_elem);
+    // 16: codes are read and dst rows written with 16-byte accesses.
+    const bool aligned =
+        entry_alignment(p.cache, {address(p.dst), static_cast<uint64_t>(p.dst_row_bytes)}) == 16;
+    if (aligned) {
+      return launch_gather(gather_ds_mla_kernel<Out, true>, "gather_ds_mla_kernel<aligned>", p,
+                           stream);
+    }
+    launch_gather(gather_ds_mla_kernel<Out, false>, "gather_ds_mla_kernel<unaligned>", p, stream);
+  });
+}
+
+}  // namespace
+
+void gather_and_maybe_dequant_cache(const TensorView& src_cache, const TensorView& dst,
+                                    const TensorView& block_table, const TensorView& cu_seq_lens,
+                                    const TensorView& token_to_seq, int64_t num_tokens,
+                                    KvCacheDType kv_dtype, float scale,
+                                    const std::optional<TensorView>& seq_starts, Stream stream) {
+  if (num_tokens == 0) return;
+  DeviceGuard guard(dst.device, kGatherOp);
+  GatherParams p;
+  p.cache = cache_layout(src_cache);
+  p.dst = static_cast<char*>(dst.data);
+  p.dst_row_bytes = dst.strides[0] * dst.element_size();
+  p.token_to_seq = static_cast<const int32_t*>(token_to_seq.data);
+  p.token_to_seq_stride = token_to_seq.strides[0];
+  p.num_tokens = num_tokens;
+  p.index = request_index(block_table, cu_seq_lens, seq_starts, cu_seq_lens.shape[0] - 1);
+  p.width = static_cast<int>(dst.shape[1]);
+  p.row_bytes = dst.shape[1] * dst.element_size();
+  p.scale = scale;
+  p.error_word = device_error_word(kGatherOp);
+  const cudaStream_t s = as_cuda_stream(stream);
+  switch (kv_dtype) {
+    case KvCacheDType::kAuto:
+      if (src_cache.dtype == dst.dtype) return gather_raw(p, s);
+      return dispatch_float(kGatherOp, src_cache.dtype, [&](auto in) {
+        dispatch_float(kGatherOp, dst.dtype, [&](auto out) {
+          gather_convert<decltype(in), decltype(out)>(p, Identity{}, s);
+        });
+      });
+    case KvCacheDType::kFp8E4m3:
+      return dispatch_float(kGatherOp, dst.dtype, [&](auto out) {
+        gather_convert<E4m3, decltype(out)>(p, MultiplyBy{scale}, s);
+      });
+    case KvCacheDType::kFp8DsMla:
+      return gather_ds_mla(dst.dtype, p, s);
+  }
+}
+
+void cp_gather_cache(const TensorView& src_cache, const TensorView& dst,
+                     const TensorView& block_table, const TensorView& cu_seq_lens,
+                     int64_t batch_size, const std::optional<TensorView>& seq_starts,
+                     Stream stream) {
+  if (batch_size == 0) return;
+  DeviceGuard guard(dst.device, kCpGatherOp);
+  CpGatherParams p;
+  p.cache = cache_layout(src_cache);
+  p.dst = static_cast<char*>(dst.data);
+  p.dst_row_bytes = dst.strides[0] * dst.element_size();
+  p.dst_rows = dst.shape[0];
+  p.index = request_index(block_table, cu_seq_lens, seq_starts, batch_size);
+  p.row_bytes = dst.shape[1] * dst.element_size();
+  p.error_word = device_error_word(kCpGatherOp);
+  // Splits of a request: about 4 blocks of 8 warps per SM over the whole grid (a copy needs no
+  // more to saturate memory), at most 64 per request (a 64k-row request still gives each warp
+  // ~128 rows) and at least 1.
+  const int64_t splits =
+      std::clamp<int64_t>(4 * multiprocessor_count(kCpGatherOp) / batch_size, 1, 64);
+  const dim3 grid(static_cast<unsigned>(std::min<int64_t>(batch_size, kMaxGridBlocks)),
+                  static_cast<unsigned>(splits));
+  const int64_t unit = entry_alignment(
+      p.cache,
+      {address(p.dst), static_cast<uint64_t>(p.dst_row_bytes), static_cast<uint64_t>(p.row_bytes)});
+  const cudaStream_t s = as_cuda_stream(stream);
+  const auto run = [&](auto kernel, const char* name) {
+    kernel<<<grid, kThreadsPerBlock, 0, s>>>(p);
+    check_launch(kCpGatherOp, name);
+  };
+  switch (unit) {
+    case 16:
+      return run(cp_gather_kernel<16>, "cp_gather_kernel<16>");
+    case 8:
+      return run(cp_gather_kernel<8>, "cp_gather_kernel<8>");
+    case 4:
+      return run(cp_gather_kernel<4>, "cp_gather_kernel<4>");
+    case 2:
+      return run(cp_gather_kernel<2>, "cp_gather_kernel<2>");
+    default:
+      return run(cp_gather_kernel<1>, "cp_gather_kernel<1>");
+  }
+}
+
+}  // namespace mlakit::cuda

@@ -1,0 +1,72 @@
+// Parameters of the paged-cache kernels (spec A.2, A.3, A.7); POD, passed as __grid_constant__.
+// Byte strides everywhere, so one kernel serves every dtype of the same width.
+#pragma once
+
+#include <cstdint>
+
+namespace mlakit::cuda {
+
+// A [num_blocks, block_size, W] cache; entry (block, offset) starts at
+// data + block * block_bytes + offset * slot_bytes and is contiguous.
+struct CacheLayout {
+  char* data = nullptr;
+  int64_t block_bytes = 0;  // stride(0) in bytes
+  int64_t slot_bytes = 0;   // stride(1) in bytes
+  int64_t num_blocks = 0;
+  int64_t block_size = 0;
+};
+
+struct CacheWriteParams {
+  const char* kv_c = nullptr;  // [T', L] activation dtype, rows kv_c_row_bytes apart
+  int64_t kv_c_row_bytes = 0;
+  const char* k_pe = nullptr;  // [T', R] activation dtype, rows k_pe_row_bytes apart
+  int64_t k_pe_row_bytes = 0;
+  const int64_t* slot_mapping = nullptr;  // [T], slot_stride elements apart
+  int64_t slot_stride = 0;
+  int64_t num_tokens = 0;          // T
+  CacheLayout cache;               // [num_blocks, block_size, L + R or 656]
+  int latent = 0;                  // L
+  int rope = 0;                    // R
+  int64_t elem_bytes = 0;          // bytes of one activation value
+  float k_scale = 1.0f;            // kFp8E4m3: stored = e4m3(x / k_scale)
+  uint32_t* error_word = nullptr;  // device_errors.hpp
+};
+
+// How a request of a gather addresses the cache: block_table[b, pos / block_size].
+struct RequestIndex {
+  const int32_t* block_table = nullptr;  // [>= batch, table_width]
+  int64_t table_row_stride = 0;          // elements
+  int64_t table_col_stride = 0;          // elements
+  int64_t table_width = 0;
+  const int32_t* cu_seq_lens = nullptr;  // [batch + 1]
+  int64_t cu_stride = 0;
+  const int32_t* seq_starts = nullptr;  // [batch] or nullptr (all 0)
+  int64_t starts_stride = 0;
+  int64_t batch = 0;
+};
+
+struct GatherParams {
+  CacheLayout cache;    // src: [num_blocks, block_size, W or 656]
+  char* dst = nullptr;  // [>= num_tokens, W], rows dst_row_bytes apart
+  int64_t dst_row_bytes = 0;
+  const int32_t* token_to_seq = nullptr;  // [>= num_tokens]
+  int64_t token_to_seq_stride = 0;
+  int64_t num_tokens = 0;
+  RequestIndex index;
+  int width = 0;          // W: values per dst row
+  int64_t row_bytes = 0;  // raw gathers: bytes moved per row (W * elem)
+  float scale = 1.0f;     // kFp8E4m3: value = fp8 * scale
+  uint32_t* error_word = nullptr;
+};
+
+struct CpGatherParams {
+  CacheLayout cache;    // [num_blocks, block_size, W]
+  char* dst = nullptr;  // [dst_rows, W], rows dst_row_bytes apart
+  int64_t dst_row_bytes = 0;
+  int64_t dst_rows = 0;
+  RequestIndex index;
+  int64_t row_bytes = 0;  // W * elem
+  uint32_t* error_word = nullptr;
+};
+
+}  // namespace mlakit::cuda

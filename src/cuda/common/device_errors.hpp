@@ -1,0 +1,42 @@
+// Device-side index checks (docs/kernels/cache_cuda.md, "Bad indices on the GPU").
+//
+// The CPU backend checks the values of index tensors (slots, block tables, request ids) on the
+// host before it writes anything. On the GPU those tensors live in device memory, and reading them
+// back would synchronize the host and break CUDA-graph capture. So every CUDA kernel checks each
+// index it reads; on a bad one it skips that access (nothing out of bounds is ever read or
+// written) and sets a bit in a per-device error word. check_device_errors() reports and clears
+// the word: call it where the host may synchronize (tests, after a graph replay, at a step end).
+#pragma once
+
+#include <cstdint>
+
+#include "mlakit/types.hpp"
+
+namespace mlakit::cuda {
+
+// One bit per (op, kind of bad index). Kept in one place so the message table matches.
+enum DeviceErrorBit : uint32_t {
+  kConcatSlotOutOfRange = 1u << 0,      // slot_mapping[t] >= num_blocks * block_size
+  kGatherRequestOutOfRange = 1u << 1,   // token_to_seq[t] not in [0, batch)
+  kGatherTokenOutsideRows = 1u << 2,    // t not in [cu_seq_lens[b], cu_seq_lens[b + 1])
+  kGatherNegativeStart = 1u << 3,       // seq_starts[b] < 0
+  kGatherColumnOutOfRange = 1u << 4,    // position / block_size >= block_table width
+  kGatherBlockOutOfRange = 1u << 5,     // block_table[b, col] not in [0, num_blocks)
+  kCpGatherBadRows = 1u << 6,           // cu_seq_lens[b] < 0, decreasing, or beyond dst rows
+  kCpGatherNegativeStart = 1u << 7,     // seq_starts[b] < 0
+  kCpGatherColumnOutOfRange = 1u << 8,  // position / block_size >= block_table width
+  kCpGatherBlockOutOfRange = 1u << 9,   // block_table[b, col] not in [0, num_blocks)
+};
+
+// Device address of the error word of the current device (a __device__ variable; no allocation).
+// Kernels receive it as a parameter and set bits with atomicOr.
+uint32_t* device_error_word(const char* op);
+
+// Waits for `stream`, then reads and clears the error word of `device`. Throws
+// mlakit::Error(kOutOfRange) listing every kind of bad index seen since the last check, e.g.
+// "cuda:0 device-side index check failed: concat_and_cache_mla: a slot_mapping value was >=
+// num_blocks * block_size (that token was skipped)". The word is per device: bits set by kernels
+// on other streams are reported too once they have run. Synchronizes: not during graph capture.
+void check_device_errors(Device device, Stream stream = {});
+
+}  // namespace mlakit::cuda

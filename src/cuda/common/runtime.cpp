@@ -1,0 +1,72 @@
+#include "cuda/common/runtime.hpp"
+
+#include <algorithm>
+#include <mutex>
+#include <vector>
+
+#include "core/check.hpp"
+
+namespace mlakit::cuda {
+
+namespace {
+int current_device() {
+  int device = -1;
+  cudaGetDevice(&device);
+  return device;
+}
+}  // namespace
+
+void check_cuda(cudaError_t status, const char* op, const char* what) {
+  if (status == cudaSuccess) return;
+  detail::fail(ErrorCode::kBackend,
+               detail::str_cat(op, ": ", what, " failed on cuda:", current_device(), ": ",
+                               cudaGetErrorString(status)));
+}
+
+void check_launch(const char* op, const char* kernel) {
+  const cudaError_t status = cudaGetLastError();
+  if (status == cudaSuccess) return;
+  detail::fail(ErrorCode::kBackend,
+               detail::str_cat(op, ": launch of ", kernel, " failed on cuda:", current_device(),
+                               ": ", cudaGetErrorString(status)));
+}
+
+bool is_capturing(cudaStream_t stream, const char* op) {
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  check_cuda(cudaStreamIsCapturing(stream, &status), op, "cudaStreamIsCapturing");
+  return status != cudaStreamCaptureStatusNone;
+}
+
+DeviceGuard::DeviceGuard(Device device, const char* op) {
+  detail::require(device.is_cuda(), ErrorCode::kInternal, op, ": DeviceGuard for ",
+                  device_name(device));
+  check_cuda(cudaGetDevice(&previous_), op, "cudaGetDevice");
+  if (previous_ != device.index) {
+    check_cuda(cudaSetDevice(device.index), op, "cudaSetDevice");
+    switched_ = true;
+  }
+}
+
+DeviceGuard::~DeviceGuard() {
+  if (switched_) cudaSetDevice(previous_);
+}
+
+int multiprocessor_count(const char* op) {
+  static std::mutex mutex;
+  static std::vector<int> counts;  // by device index; 0 = not read yet
+  const int device = current_device();
+  std::lock_guard<std::mutex> lock(mutex);
+  if (device >= static_cast<int>(counts.size())) counts.resize(device + 1, 0);
+  if (counts[device] == 0) {
+    check_cuda(cudaDeviceGetAttribute(&counts[device], cudaDevAttrMultiProcessorCount, device), op,
+               "cudaDeviceGetAttribute(multiprocessor count)");
+  }
+  return counts[device];
+}
+
+int64_t grid_blocks(int64_t items, int64_t items_per_block) {
+  const int64_t blocks = (items + items_per_block - 1) / items_per_block;
+  return std::clamp<int64_t>(blocks, 1, kMaxGridBlocks);
+}
+
+}  // namespace mlakit::cuda
