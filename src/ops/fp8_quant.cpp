@@ -6,11 +6,15 @@
 #include "core/check.hpp"
 #include "mlakit/ops.hpp"
 
+#ifdef MLAKIT_WITH_CUDA
+#include "cuda/elementwise/launch.hpp"
+#endif
+
 namespace mlakit::ops {
 
 using detail::require;
 
-void scaled_fp8_quant(const TensorView& x, const TensorView& out, float scale, Stream /*stream*/) {
+void scaled_fp8_quant(const TensorView& x, const TensorView& out, float scale, Stream stream) {
   constexpr const char* kOp = "scaled_fp8_quant";
   const Device device = detail::common_device(kOp, {{"x", &x}, {"out", &out}});
   detail::check_storage(kOp, "x", x);
@@ -24,7 +28,13 @@ void scaled_fp8_quant(const TensorView& x, const TensorView& out, float scale, S
   require(std::isfinite(scale) && scale > 0.0f && std::isfinite(inv_scale),
           ErrorCode::kInvalidArgument, kOp,
           ": scale must be finite and > 0 with a finite reciprocal, got ", scale);
-  if (!device.is_cpu()) detail::unsupported_device(kOp, device);
+  if (device.is_cuda()) {
+#ifdef MLAKIT_WITH_CUDA
+    return cuda::scaled_fp8_quant(x, out, inv_scale, stream);
+#else
+    detail::unsupported_device(kOp, device);
+#endif
+  }
   cpu::scaled_fp8_quant(x, out, inv_scale);
 }
 
