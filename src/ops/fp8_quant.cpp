@@ -32,6 +32,7 @@ void scaled_fp8_quant(const TensorView& x, const TensorView& out, float scale, S
 #ifdef MLAKIT_WITH_CUDA
     return cuda::scaled_fp8_quant(x, out, inv_scale, stream);
 #else
+    (void)stream;  // no CUDA backend in this build
     detail::unsupported_device(kOp, device);
 #endif
   }
