@@ -27,8 +27,7 @@ class DeviceGuard {
 }  // namespace
 
 void* device_malloc(Device device, int64_t bytes) {
-  require(device.is_cuda(), ErrorCode::kInternal, "device_malloc called for ",
-          device_name(device));
+  require(device.is_cuda(), ErrorCode::kInternal, "device_malloc called for ", device_name(device));
   DeviceGuard guard(device);
   void* ptr = nullptr;
   check_cuda(cudaMalloc(&ptr, static_cast<size_t>(bytes)),
