@@ -91,6 +91,18 @@ for binary in .devbin/bin/*_test; do
   fi
 done
 
+if [ -f .devbin/libmlakit_c.so ]; then
+  say "== Python package (torch CPU and CUDA tensors) over the CUDA build"
+  start=$SECONDS
+  MLAKIT_LIBRARY=$PWD/.devbin/libmlakit_c.so PYTHONPATH=$PWD/python \
+    timeout "$TEST_TIMEOUT" python3 -m pytest -q -p no:cacheprovider -rs python/tests \
+    > /tmp/pytest.log 2>&1
+  rc=$?
+  tail -n 25 /tmp/pytest.log | tee -a "$LOG"
+  if [ "$rc" -ne 0 ]; then failed+=("python/tests"); fi
+  say "python/tests: exit $rc ($((SECONDS - start)) s)"
+fi
+
 benches=(.devbin/bin/bench_gpu_*)
 if [ -e "${benches[0]}" ]; then
   say "== GPU benches"

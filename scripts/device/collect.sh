@@ -31,9 +31,17 @@ for source in tests/cuda/*_test.cpp bench/bench_gpu_*.cpp; do
 done
 [ "$found" -gt 0 ] || { echo "collect: nothing to collect"; exit 1; }
 
+# The C library of the Python package (its torch tests run on the device too), when built:
+#   cmake --build --preset cuda --target mlakit_c
+if [ -f "$BUILD/src/capi/libmlakit_c.so" ]; then
+  cp -L "$BUILD/src/capi/libmlakit_c.so" .devbin/libmlakit_c.so
+  strip --strip-unneeded .devbin/libmlakit_c.so
+fi
+
 # Libraries: everything ldd resolves except the system C/C++ runtime and CUDA's own.
 skip='^(linux-vdso|ld-linux|libc\.so|libm\.so|libdl\.so|libpthread\.so|librt\.so|libstdc\+\+|libgcc_s|libcuda\.so|libcudart|libcublas|libcublasLt|libnvidia)'
-for binary in .devbin/bin/*; do
+for binary in .devbin/bin/* .devbin/libmlakit_c.so; do
+  [ -e "$binary" ] || continue
   ldd "$binary" | awk '$2 == "=>" && $3 ~ /^\// {print $1, $3}'
 done | sort -u | while read -r soname path; do
   if [[ "$soname" =~ $skip ]]; then continue; fi

@@ -6,6 +6,10 @@
 #include "core/check.hpp"
 #include "mlakit/ops.hpp"
 
+#ifdef MLAKIT_WITH_CUDA
+#include "cuda/merge/launch.hpp"
+#endif
+
 namespace mlakit::ops {
 
 namespace {
@@ -68,7 +72,7 @@ void merge_attn_states(const TensorView& output,
                        const std::optional<TensorView>& output_lse_heads_tokens,
                        const TensorView& prefix_output, const TensorView& prefix_lse_heads_tokens,
                        const TensorView& suffix_output, const TensorView& suffix_lse_heads_tokens,
-                       Stream /*stream*/) {
+                       Stream stream) {
   detail::check_storage(kOp, "output", output);
   detail::check_ndim(kOp, "output", output, 3);
   detail::check_float_activation(kOp, "output", output);
@@ -100,7 +104,13 @@ void merge_attn_states(const TensorView& output,
                            suffix_output, suffix_lse_heads_tokens);
     return;
   }
+#ifdef MLAKIT_WITH_CUDA
+  cuda::merge_attn_states(output, output_lse_heads_tokens, prefix_output, prefix_lse_heads_tokens,
+                          suffix_output, suffix_lse_heads_tokens, stream);
+#else
+  (void)stream;  // no CUDA backend in this build
   detail::unsupported_device(kOp, device);
+#endif
 }
 
 }  // namespace mlakit::ops

@@ -152,12 +152,14 @@ TEST(ScaledFp8Quant, RejectsBadArguments) {
   const Tensor x_int = Tensor::zeros({4, 8}, DType::kI32);
   MLAKIT_EXPECT_THROW_MSG(ops::scaled_fp8_quant(x_int, out, 1.0f),
                           "scaled_fp8_quant: x must have dtype f32 or f16 or bf16, got i32");
+#ifndef MLAKIT_WITH_CUDA  // with the CUDA backend these host pointers would reach a real kernel
   TensorView x_gpu = x.view();
   x_gpu.device = Device::cuda(0);
   TensorView out_gpu = out.view();
   out_gpu.device = Device::cuda(0);
   MLAKIT_EXPECT_THROW_MSG(ops::scaled_fp8_quant(x_gpu, out_gpu, 1.0f),
                           "scaled_fp8_quant: no kernel for cuda:0");
+#endif
 }
 
 }  // namespace

@@ -70,10 +70,12 @@ TEST(MlaForward, DeepSeekDimsBf16AutoCache) {
              stream++);
 }
 
-TEST(MlaForward, DeepSeekDims128HeadsDecodeAndMixed) {
+TEST(MlaForward, DeepSeekDims128Heads) {
   const Variant var{"bf16-auto", DType::kBF16, KvCacheDType::kAuto, 1, 1};
   run_spec(d1_specs()[0], deepseek_dims(128), var, 64, 200);
   run_spec(d1_specs()[2], deepseek_dims(128), var, 64, 201);
+  run_spec(d1_specs()[0], deepseek_dims(128),
+           {"f32-fp8-scales-2-3", DType::kF32, KvCacheDType::kFp8E4m3, 2, 3}, 64, 202);
 }
 
 TEST(MlaForward, DeepSeekDimsFp8Caches) {
