@@ -81,6 +81,8 @@ def _(src_cache, dst, block_table, cu_seq_lens, batch_size, seq_starts=None):
     return None
 
 
+# Optional tensors that an op writes carry no default: torch.compile's functionalization indexes
+# every mutated argument of the schema, so the caller passes None explicitly.
 @torch.library.custom_op(f"{_NS}::merge_attn_states", mutates_args=("output", "output_lse"))
 def merge_attn_states(
     output: torch.Tensor,
@@ -88,14 +90,14 @@ def merge_attn_states(
     prefix_lse: torch.Tensor,
     suffix_output: torch.Tensor,
     suffix_lse: torch.Tensor,
-    output_lse: Optional[torch.Tensor] = None,
+    output_lse: Optional[torch.Tensor],
 ) -> None:
     _ops.merge_attn_states(output, prefix_output, prefix_lse, suffix_output, suffix_lse,
                            output_lse)
 
 
 @merge_attn_states.register_fake
-def _(output, prefix_output, prefix_lse, suffix_output, suffix_lse, output_lse=None):
+def _(output, prefix_output, prefix_lse, suffix_output, suffix_lse, output_lse):
     return None
 
 
@@ -146,7 +148,7 @@ def mla_prefill(
     scale: float,
     causal: bool,
     out: torch.Tensor,
-    lse: Optional[torch.Tensor] = None,
+    lse: Optional[torch.Tensor],
 ) -> None:
     _ops.mla_prefill(q, k_nope, k_pe, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                      scale, causal, out, lse)
@@ -154,7 +156,7 @@ def mla_prefill(
 
 @mla_prefill.register_fake
 def _(q, k_nope, k_pe, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, scale, causal,
-      out, lse=None):
+      out, lse):
     return None
 
 

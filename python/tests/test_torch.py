@@ -65,7 +65,7 @@ def test_torch_compile_fullgraph(rng):
     @torch.compile(backend="aot_eager", fullgraph=True)
     def merged(p, pl, s, sl):
         out = torch.empty_like(p)
-        torch.ops.mlakit.merge_attn_states(out, p, pl, s, sl)
+        torch.ops.mlakit.merge_attn_states(out, p, pl, s, sl, None)
         return out * 2
 
     expected = expected_merge(prefix, p_lse, suffix, s_lse) * 2
