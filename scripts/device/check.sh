@@ -50,7 +50,7 @@ export LD_LIBRARY_PATH="$LIBDIR/lib${cuda_dirs}${py_dirs:+:$py_dirs}${LD_LIBRARY
 say "== device"
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv,noheader 2>&1 |
   tee -a "$LOG"
-say "commit $(git rev-parse --short HEAD 2>/dev/null || echo unknown), $(date -u +%FT%TZ)"
+say "commit $(cat .devbin/COMMIT 2>/dev/null || git rev-parse --short HEAD 2>/dev/null || echo unknown), $(date -u +%FT%TZ)"
 
 missing=0
 for binary in .devbin/bin/*; do

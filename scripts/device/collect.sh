@@ -48,6 +48,8 @@ done | sort -u | while read -r soname path; do
   cp -L "$path" ".devbin/lib/$soname"
 done
 tar -C .devbin -czf .devbin/lib.tar.gz lib
+# The device copy of the tree has no .git: record what was built.
+echo "$(git rev-parse --short HEAD)$(git diff --quiet HEAD -- . ":(exclude).devbin" || echo "+uncommitted")" > .devbin/COMMIT
 rm -rf .devbin/lib
 
 bytes=$(du -sb .devbin | cut -f1)
