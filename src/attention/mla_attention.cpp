@@ -39,14 +39,40 @@ void validate_config(const MlaAttentionConfig& c) {
 // CUDA backend sizes its own grid).
 int64_t num_workers(Device device) { return device.is_cpu() ? cpu::num_threads() : 1; }
 
-// A host index array as a kernel argument (the CPU backend reads host memory directly).
-TensorView host_i32(const std::vector<int32_t>& values) {
-  return TensorView::contiguous(const_cast<int32_t*>(values.data()), DType::kI32,
-                                {static_cast<int64_t>(values.size())});
-}
-TensorView host_i32(std::span<const int32_t> values) {
-  return TensorView::contiguous(const_cast<int32_t*>(values.data()), DType::kI32,
-                                {static_cast<int64_t>(values.size())});
+// Every host index array the kernels of one step read, concatenated: the CPU backend reads this
+// host copy directly; a GPU layer uploads it once per step into its workspace.
+struct StepIndices {
+  struct Range {
+    int64_t offset = 0, size = 0;
+  };
+  std::vector<int32_t> host;
+  Range prefill_query_start_loc, seq_lens;
+  std::vector<Range> chunk_cu_seq_lens, chunk_token_to_seq, chunk_starts;
+  TensorView base;  // i32 [host.size()]: the host copy or its device copy
+
+  Range append(std::span<const int32_t> values) {
+    const Range r{static_cast<int64_t>(host.size()), static_cast<int64_t>(values.size())};
+    host.insert(host.end(), values.begin(), values.end());
+    return r;
+  }
+  TensorView view(Range r) const { return base.narrow(0, r.offset, r.size); }
+  TensorView host_view() const {
+    return TensorView::contiguous(const_cast<int32_t*>(host.data()), DType::kI32,
+                                  {static_cast<int64_t>(host.size())});
+  }
+};
+
+StepIndices collect_indices(const Plan& plan, std::span<const int32_t> seq_lens) {
+  StepIndices idx;
+  idx.prefill_query_start_loc = idx.append(plan.prefill_query_start_loc);
+  idx.seq_lens = idx.append(seq_lens);
+  for (const ContextChunk& chunk : plan.context_chunks) {
+    idx.chunk_cu_seq_lens.push_back(idx.append(chunk.cu_seq_lens));
+    idx.chunk_token_to_seq.push_back(idx.append(chunk.token_to_seq));
+    idx.chunk_starts.push_back(idx.append(chunk.starts));
+  }
+  idx.base = idx.host_view();
+  return idx;
 }
 
 // [rows, cols] view of rows [first, first + rows) of a 2-D tensor, split as [rows, heads, width].
@@ -87,10 +113,11 @@ struct StepBuffers {
   TensorView o_lat;     // [Td, N, L] f32
   TensorView lse;       // [Td, N] f32
   TensorView split_ws;  // f32 [max over runs of the split workspace]
+  TensorView indices;   // i32 [StepIndices::host.size()] on the device (GPU layers only)
 };
 
 StepBuffers carve(detail::Arena& arena, const MlaAttentionConfig& c, const Plan& plan,
-                  const detail::DecodeRuns& runs) {
+                  const detail::DecodeRuns& runs, const StepIndices& indices) {
   const MlaDims& d = c.dims;
   const int64_t n = d.num_heads, npv = n * d.kv_b_out_dim();
   StepBuffers b;
@@ -125,6 +152,7 @@ StepBuffers carve(detail::Arena& arena, const MlaAttentionConfig& c, const Plan&
     }
     b.split_ws = arena.take({split_elems}, DType::kF32);
   }
+  if (!c.device.is_cpu()) b.indices = arena.take({indices.base.numel()}, DType::kI32);
   return b;
 }
 
@@ -263,13 +291,18 @@ void MlaAttention::forward(const TensorView& q, const TensorView& kv_c_normed,
                                                       c.block_size, num_workers(c.device));
 
   // Size the workspace with the same carving code that uses it.
+  StepIndices indices = collect_indices(plan, batch->seq_lens);
   detail::Arena measure(c.device);
-  carve(measure, c, plan, runs);
+  carve(measure, c, plan, runs, indices);
   if (state_->workspace.numel() < measure.used()) {
     state_->workspace = Tensor::empty({measure.used()}, DType::kU8, c.device);
   }
   detail::Arena arena(state_->workspace.view().data, state_->workspace.numel(), c.device);
-  const StepBuffers buf = carve(arena, c, plan, runs);
+  const StepBuffers buf = carve(arena, c, plan, runs, indices);
+  if (!c.device.is_cpu()) {  // one upload of every index array of the step
+    ops::copy(indices.host_view(), buf.indices, stream);
+    indices.base = buf.indices;
+  }
 
   // 1. Every actual token goes into the cache before any attention (spec A.3).
   if (kv_cache.numel() > 0 && tokens > 0) {
@@ -305,7 +338,7 @@ void MlaAttention::forward(const TensorView& q, const TensorView& kv_c_normed,
     const TensorView k_nope_new =
         rows_as_heads(kv_up_new, 0, tp, n, d.kv_b_out_dim()).narrow(2, 0, p);
     const TensorView v_new = rows_as_heads(kv_up_new, 0, tp, n, d.kv_b_out_dim()).narrow(2, p, v);
-    const TensorView cu_q = host_i32(plan.prefill_query_start_loc);
+    const TensorView cu_q = indices.view(indices.prefill_query_start_loc);
     const TensorView out_p = rows_as_heads(output, td, tp, n, v);
     if (!plan.has_context()) {
       ops::mla_prefill(q_p, k_nope_new, k_pe.narrow(0, td, tp), v_new, cu_q, cu_q,
@@ -318,13 +351,14 @@ void MlaAttention::forward(const TensorView& q, const TensorView& kv_c_normed,
       const TensorView block_table_p =
           batch->block_table.narrow(0, plan.split.num_decodes, plan.split.num_prefills);
       bool first = true;
-      for (const ContextChunk& chunk : plan.context_chunks) {
+      for (size_t i = 0; i < plan.context_chunks.size(); ++i) {
+        const ContextChunk& chunk = plan.context_chunks[i];
+        const TensorView chunk_cu = indices.view(indices.chunk_cu_seq_lens[i]);
         const int64_t rows = chunk.total_tokens;
         const TensorView gather = buf.gather.narrow(0, 0, rows);
-        ops::gather_and_maybe_dequant_cache(kv_cache, gather, block_table_p,
-                                            host_i32(chunk.cu_seq_lens),
-                                            host_i32(chunk.token_to_seq), rows, c.kv_cache_dtype,
-                                            scales.k_scale, host_i32(chunk.starts), stream);
+        ops::gather_and_maybe_dequant_cache(
+            kv_cache, gather, block_table_p, chunk_cu, indices.view(indices.chunk_token_to_seq[i]),
+            rows, c.kv_cache_dtype, scales.k_scale, indices.view(indices.chunk_starts[i]), stream);
         const TensorView kv_up = buf.kv_up_ctx.narrow(0, 0, rows);
         up_project(gather.narrow(1, 0, l), kv_up);
         const TensorView out = first ? buf.ctx_out : buf.chunk_out;
@@ -332,8 +366,8 @@ void MlaAttention::forward(const TensorView& q, const TensorView& kv_c_normed,
         ops::mla_prefill(q_p, rows_as_heads(kv_up, 0, rows, n, d.kv_b_out_dim()).narrow(2, 0, p),
                          gather.narrow(1, l, r),
                          rows_as_heads(kv_up, 0, rows, n, d.kv_b_out_dim()).narrow(2, p, v), cu_q,
-                         host_i32(chunk.cu_seq_lens), plan.prefill_max_query_len, chunk.max_seq_len,
-                         c.scale, /*causal=*/false, out, lse, stream);
+                         chunk_cu, plan.prefill_max_query_len, chunk.max_seq_len, c.scale,
+                         /*causal=*/false, out, lse, stream);
         if (!first) {
           ops::merge_attn_states(buf.ctx_out, buf.ctx_lse, buf.ctx_out, buf.ctx_lse, buf.chunk_out,
                                  buf.chunk_lse, stream);
@@ -358,7 +392,7 @@ void MlaAttention::forward(const TensorView& q, const TensorView& kv_c_normed,
       q_kernel = buf.ql_fp8;
     }
     const ops::DecodeParams params{c.scale, c.kv_cache_dtype, scales.q_scale, scales.k_scale};
-    const TensorView seq_lens_all = host_i32(batch->seq_lens);
+    const TensorView seq_lens_all = indices.view(indices.seq_lens);
     if (runs.first_padding_token < td) {
       ops::fill_zero(buf.o_lat.narrow(0, runs.first_padding_token, td - runs.first_padding_token),
                      stream);

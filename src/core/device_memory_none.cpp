@@ -16,4 +16,12 @@ void device_memset_zero(Device device, void*, int64_t) {
        str_cat("cannot use ", device_name(device), ": mlakit was built without CUDA"));
 }
 
+void device_copy(void*, Device dst_device, const void*, Device src_device, int64_t, Stream) {
+  fail(ErrorCode::kUnsupported,
+       str_cat("cannot copy from ", device_name(src_device), " to ", device_name(dst_device),
+               ": mlakit was built without CUDA"));
+}
+
+void device_synchronize(Device) {}
+
 }  // namespace mlakit::detail

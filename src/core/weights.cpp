@@ -6,7 +6,9 @@
 #include <cstring>
 
 #include "core/check.hpp"
+#include "core/device_memory.hpp"
 #include "cpu/parallel.hpp"
+#include "mlakit/ops.hpp"
 
 namespace mlakit {
 namespace {
@@ -69,7 +71,6 @@ AbsorbedWeights absorb_kv_b_proj(const TensorView& weight,
                                  const std::optional<TensorView>& weight_scale_inv,
                                  const MlaDims& dims, DType act_dtype, Device device) {
   check_arguments(weight, weight_scale_inv, dims, act_dtype);
-  if (!device.is_cpu()) detail::unsupported_device(kOp, device);
 
   const int64_t N = dims.num_heads, P = dims.qk_nope_head_dim, V = dims.v_head_dim;
   const int64_t L = dims.kv_lora_rank, rows_per_head = dims.kv_b_out_dim();
@@ -106,7 +107,18 @@ AbsorbedWeights absorb_kv_b_proj(const TensorView& weight,
         std::memcpy(uv + (l * V + v) * esize, head + ((P + v) * L + l) * esize,
                     static_cast<size_t>(esize));
   });
-  return out;
+  if (device.is_cpu()) return out;
+  // Built on the host (once, at load time), then moved to the device.
+  AbsorbedWeights on_device;
+  for (auto [host, dev] : {std::pair{&out.kv_b_proj, &on_device.kv_b_proj},
+                           {&out.w_uk_t, &on_device.w_uk_t},
+                           {&out.w_uv, &on_device.w_uv}}) {
+    const TensorView& h = host->view();
+    *dev = Tensor::empty(std::span<const int64_t>(h.shape, h.ndim), act_dtype, device);
+    ops::copy(h, *dev);
+  }
+  detail::device_synchronize(device);  // the host copies are freed on return
+  return on_device;
 }
 
 }  // namespace mlakit

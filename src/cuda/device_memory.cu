@@ -49,4 +49,19 @@ void device_memset_zero(Device device, void* ptr, int64_t bytes) {
   check_cuda(cudaMemset(ptr, 0, static_cast<size_t>(bytes)), "cudaMemset", device);
 }
 
+void device_copy(void* dst, Device dst_device, const void* src, Device src_device, int64_t bytes,
+                 Stream stream) {
+  const Device device = dst_device.is_cuda() ? dst_device : src_device;
+  DeviceGuard guard(device);
+  check_cuda(cudaMemcpyAsync(dst, src, static_cast<size_t>(bytes), cudaMemcpyDefault,
+                             static_cast<cudaStream_t>(stream.handle)),
+             "cudaMemcpyAsync", device);
+}
+
+void device_synchronize(Device device) {
+  if (!device.is_cuda()) return;
+  DeviceGuard guard(device);
+  check_cuda(cudaDeviceSynchronize(), "cudaDeviceSynchronize", device);
+}
+
 }  // namespace mlakit::detail

@@ -262,9 +262,7 @@ TEST(AbsorbKvBProj, RejectsBadArguments) {
     ADD_FAILURE() << "placing the weights on cuda:0 must throw in a CPU-only build";
   } catch (const Error& e) {
     EXPECT_EQ(e.code(), ErrorCode::kUnsupported);
-    EXPECT_NE(std::string(e.what()).find("absorb_kv_b_proj: no kernel for cuda:0"),
-              std::string::npos)
-        << e.what();
+    EXPECT_NE(std::string(e.what()).find("built without CUDA"), std::string::npos) << e.what();
   }
 #endif
 }
