@@ -10,6 +10,7 @@
 #include <numeric>
 
 #include "common/test_util.hpp"
+#include "core/device_memory.hpp"
 #include "mlakit/kv_cache.hpp"
 #include "mlakit/ops.hpp"
 #include "reference/reference.hpp"
@@ -54,6 +55,15 @@ void dequantize_like_cache(KvCacheDType kv, float k_scale, int64_t l, std::vecto
       }
     }
   }
+}
+
+// The host tensor itself on the CPU, else a copy on `device`.
+Tensor on_device(const Tensor& host, Device device) {
+  if (device.is_cpu()) return host;
+  const TensorView& h = host.view();
+  Tensor d = Tensor::empty(std::span<const int64_t>(h.shape, h.ndim), h.dtype, device);
+  ops::copy(h, d);
+  return d;
 }
 
 Tolerance tolerance_for_case(const E2eCase& c, bool decode_row) {
@@ -103,6 +113,7 @@ E2eResult run_e2e_case(const E2eCase& c) {
   cfg.max_model_len = max_seq;
   cfg.max_num_seqs = std::max<int64_t>(all_reqs, 1);
   cfg.chunk_policy = c.chunk_policy;
+  cfg.device = c.device;
   MlaAttention attn(cfg, w_t);
 
   // Paged cache: block 0 is a null block, blocks are handed out in a random order, and every
@@ -195,21 +206,29 @@ E2eResult run_e2e_case(const E2eCase& c) {
     for (int64_t k = 0; k < l + r; ++k)
       store_float(kv_lora.view().data, c.act_dtype, row * (l + r) + k, 0.5f);
   }
-  const TensorView kv_c_view = kv_lora.view().narrow(1, 0, l);
-  const TensorView k_pe_view = kv_lora.view().narrow(1, l, r);
   Tensor output = nan_tensor({rows, n * v}, c.act_dtype);
+  const Tensor cache_d = on_device(cache, c.device),
+               block_table_d = on_device(block_table, c.device);
+  const Tensor slot_d = on_device(slot_t, c.device), q_d = on_device(q_t, c.device);
+  const Tensor kv_lora_d = on_device(kv_lora, c.device), output_d = on_device(output, c.device);
+  const TensorView kv_c_view = kv_lora_d.view().narrow(1, 0, l);
+  const TensorView k_pe_view = kv_lora_d.view().narrow(1, l, r);
 
   ForwardBatch batch;
   batch.query_start_loc = qsl;
   batch.seq_lens = seq_lens_all;
   batch.num_actual_tokens = tokens;
-  batch.block_table = block_table;
-  batch.slot_mapping = slot_t;
+  batch.block_table = block_table_d;
+  batch.slot_mapping = slot_d;
   const Plan plan = attn.plan(batch);
   result.num_decodes = plan.split.num_decodes;
   result.num_prefills = plan.split.num_prefills;
   result.context_chunks = static_cast<int64_t>(plan.context_chunks.size());
-  attn.forward(q_t, kv_c_view, k_pe_view, cache, &batch, output, {c.q_scale, c.k_scale});
+  attn.forward(q_d, kv_c_view, k_pe_view, cache_d, &batch, output_d, {c.q_scale, c.k_scale});
+  if (!c.device.is_cpu()) {
+    ops::copy(output_d, output);
+    detail::device_synchronize(c.device);
+  }
 
   // The oracle, per request, on the values the library sees.
   ref::MlaWeights weights{n, l, p, r, v, w};

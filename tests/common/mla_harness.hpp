@@ -32,6 +32,7 @@ struct E2eCase {
   int64_t padding_tokens = 0;    // extra tokens counted in num_actual_tokens (uniform padding)
   int64_t spare_rows = 3;        // rows past num_actual_tokens that must stay untouched
   uint64_t seed_stream = 0;
+  Device device{};  // the layer's device; inputs are built on the host and copied there
 };
 
 struct E2eResult {
