@@ -312,7 +312,9 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm)
     return;
   }
   const int sq = static_cast<int>(q_end - q_begin), sk = static_cast<int>(k_end - k_begin);
-  const int row0 = blockIdx.x * kBlockM;  // first query row of the block within the request
+  // First query row of the block within the request. Reversed: the blocks launched first hold
+  // the last rows, which see the most keys under the causal mask (shorter tail of the grid).
+  const int row0 = (gridDim.x - 1 - blockIdx.x) * kBlockM;
   if (row0 >= sq) return;
   const int rows_valid = min(kBlockM, sq - row0);
   // Query row i sees keys [0, i + 1 + sk - sq) (causal, bottom-right) or [0, sk).
