@@ -10,6 +10,10 @@
 #include "core/check.hpp"
 #include "mlakit/ops.hpp"
 
+#ifdef MLAKIT_WITH_CUDA
+#include "cuda/prefill/launch.hpp"
+#endif
+
 namespace mlakit::ops {
 
 namespace {
@@ -111,7 +115,8 @@ void mla_prefill(const TensorView& q, const TensorView& k_nope, const TensorView
                  const TensorView& v, const TensorView& cu_seqlens_q,
                  const TensorView& cu_seqlens_k, int64_t max_seqlen_q, int64_t max_seqlen_k,
                  float scale, bool causal, const TensorView& out,
-                 const std::optional<TensorView>& lse_heads_tokens, Stream /*stream*/) {
+                 const std::optional<TensorView>& lse_heads_tokens,
+                 [[maybe_unused]] Stream stream) {
   check_prefill_layout(q, k_nope, k_pe, v, cu_seqlens_q, cu_seqlens_k, scale, out,
                        lse_heads_tokens);
   Device device = detail::common_device(kOp, {{"q", &q},
@@ -123,6 +128,13 @@ void mla_prefill(const TensorView& q, const TensorView& k_nope, const TensorView
                                               {"out", &out}});
   if (lse_heads_tokens) {
     device = detail::common_device(kOp, {{"q", &q}, {"lse_heads_tokens", &*lse_heads_tokens}});
+  }
+  if (device.is_cuda()) {
+#ifdef MLAKIT_WITH_CUDA
+    // cu_seqlens stay on the device: the kernel checks their values (cuda/prefill/launch.hpp).
+    return cuda::mla_prefill(q, k_nope, k_pe, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+                             max_seqlen_k, scale, causal, out, lse_heads_tokens, stream);
+#endif
   }
   if (!device.is_cpu()) detail::unsupported_device(kOp, device);
   detail::require(q.shape[2] <= cpu::kPrefillMaxHeadDim && v.shape[2] <= cpu::kPrefillMaxHeadDim,

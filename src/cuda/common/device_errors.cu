@@ -50,6 +50,10 @@ constexpr BitMessage kMessages[] = {
     {kCpGatherBlockOutOfRange,
      "cp_gather_cache: a block_table entry was not a block id in [0, num_blocks) (that row was "
      "skipped)"},
+    {kPrefillBadSeqlens,
+     "mla_prefill: cu_seqlens_q / cu_seqlens_k were not non-decreasing offsets from 0 within "
+     "q.shape[0] / k_nope.shape[0], or a request was longer than max_seqlen_q / max_seqlen_k "
+     "(that request's rows were not written)"},
 };
 
 struct Symbols {

@@ -26,6 +26,7 @@ enum DeviceErrorBit : uint32_t {
   kCpGatherNegativeStart = 1u << 7,     // seq_starts[b] < 0
   kCpGatherColumnOutOfRange = 1u << 8,  // position / block_size >= block_table width
   kCpGatherBlockOutOfRange = 1u << 9,   // block_table[b, col] not in [0, num_blocks)
+  kPrefillBadSeqlens = 1u << 10,        // cu_seqlens_q / _k not offsets within T / S, or too long
 };
 
 // Device address of the error word of the current device (a __device__ variable; no allocation).

@@ -1,0 +1,172 @@
+// CUDA mla_prefill (up-projected MHA: d_qk 192 = k_nope 128 | k_pe 64, d_v 128, bf16) on the
+// PERF.md prefill shapes, beside the bf16 GEMM ceiling measured in the same run (cuBLAS 8192^3).
+// Prints ms, TF/s and % of the ceiling. FLOPs counted as useful work: causal
+// 2 * B * H * L(L+1)/2 * (192 + 128); non-causal 2 * B * H * Lq * Lk * (192 + 128).
+// Usage: bench_gpu_prefill   (runs in well under 3 minutes on an H200)
+#include <cublas_v2.h>
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <optional>
+#include <vector>
+
+#include "cuda/common/device_errors.hpp"
+#include "mlakit/ops.hpp"
+
+namespace {
+
+using mlakit::Device;
+using mlakit::DType;
+using mlakit::Tensor;
+using mlakit::TensorView;
+
+constexpr int kWarmup = 2;  // first launches pay module loading and the smem attribute
+constexpr int kRuns = 7;    // median of 7 timed runs (>= 5 asked by PERF.md)
+constexpr int64_t kNope = 128, kRope = 64, kDv = 128;  // MLA head sizes
+
+void check(cudaError_t e, const char* what) {
+  if (e != cudaSuccess) {
+    std::fprintf(stderr, "%s: %s\n", what, cudaGetErrorString(e));
+    std::exit(1);
+  }
+}
+void check(cublasStatus_t s, const char* what) {
+  if (s != CUBLAS_STATUS_SUCCESS) {
+    std::fprintf(stderr, "%s: cuBLAS status %d\n", what, static_cast<int>(s));
+    std::exit(1);
+  }
+}
+
+// Uniform values in [-1, 1) from a hash of the index (no host copy of gigabytes).
+__global__ void fill_bf16(__nv_bfloat16* p, int64_t n, uint32_t seed) {
+  for (int64_t i = int64_t{blockIdx.x} * blockDim.x + threadIdx.x; i < n;
+       i += int64_t{gridDim.x} * blockDim.x) {
+    uint32_t x = static_cast<uint32_t>(i) * 2654435761u ^ seed;
+    x ^= x >> 15;
+    x *= 2246822519u;
+    x ^= x >> 13;
+    p[i] = __float2bfloat16(static_cast<float>(x) * (2.0f / 4294967296.0f) - 1.0f);
+  }
+}
+void fill(void* p, int64_t n, uint32_t seed) {
+  fill_bf16<<<1024, 256>>>(static_cast<__nv_bfloat16*>(p), n, seed);
+  check(cudaGetLastError(), "fill_bf16");
+}
+
+// Median time in ms of fn() over kRuns after kWarmup.
+template <class Fn>
+double median_ms(const Fn& fn) {
+  cudaEvent_t start, stop;
+  check(cudaEventCreate(&start), "cudaEventCreate");
+  check(cudaEventCreate(&stop), "cudaEventCreate");
+  for (int i = 0; i < kWarmup; ++i) fn();
+  std::vector<double> ms;
+  for (int i = 0; i < kRuns; ++i) {
+    check(cudaEventRecord(start), "cudaEventRecord");
+    fn();
+    check(cudaEventRecord(stop), "cudaEventRecord");
+    check(cudaEventSynchronize(stop), "cudaEventSynchronize");
+    float t = 0;
+    check(cudaEventElapsedTime(&t, start, stop), "cudaEventElapsedTime");
+    ms.push_back(t);
+  }
+  cudaEventDestroy(start);
+  cudaEventDestroy(stop);
+  std::sort(ms.begin(), ms.end());
+  return ms[ms.size() / 2];
+}
+
+// bf16 GEMM 8192^3 through cuBLAS (f32 accumulation): the matrix ceiling of this GPU today.
+double gemm_ceiling_tflops() {
+  constexpr int kN = 8192;  // large enough for cuBLAS to run at its peak
+  Tensor a = Tensor::empty({kN, kN}, DType::kBF16, Device::cuda(0));
+  Tensor b = Tensor::empty({kN, kN}, DType::kBF16, Device::cuda(0));
+  Tensor c = Tensor::empty({kN, kN}, DType::kBF16, Device::cuda(0));
+  fill(a.view().data, a.numel(), 1);
+  fill(b.view().data, b.numel(), 2);
+  cublasHandle_t handle;
+  check(cublasCreate(&handle), "cublasCreate");
+  const float alpha = 1.0f, beta = 0.0f;
+  const double ms = median_ms([&] {
+    check(cublasGemmEx(handle, CUBLAS_OP_N, CUBLAS_OP_N, kN, kN, kN, &alpha, a.view().data,
+                       CUDA_R_16BF, kN, b.view().data, CUDA_R_16BF, kN, &beta, c.view().data,
+                       CUDA_R_16BF, kN, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+          "cublasGemmEx");
+  });
+  cublasDestroy(handle);
+  const double tflops = 2.0 * kN * kN * kN / (ms * 1e-3) / 1e12;
+  std::printf("bf16 GEMM 8192^3 (cuBLAS): %.3f ms, %.1f TF/s\n", ms, tflops);
+  return tflops;
+}
+
+struct Shape {
+  int64_t heads, batch, sq, sk;  // sq queries and sk keys per request
+  bool causal;
+  DType out_dtype;  // f32 + lse for context chunks (the orchestrator merges them)
+};
+
+void run_shape(const Shape& s, double ceiling) {
+  const int64_t t = s.batch * s.sq, keys = s.batch * s.sk, n = s.heads;
+  Tensor q = Tensor::empty({t, n, kNope + kRope}, DType::kBF16, Device::cuda(0));
+  Tensor kv = Tensor::empty({keys, n, kNope + kDv}, DType::kBF16, Device::cuda(0));  // kv_b_proj
+  Tensor k_pe = Tensor::empty({keys, kRope}, DType::kBF16, Device::cuda(0));
+  Tensor out = Tensor::empty({t, n, kDv}, s.out_dtype, Device::cuda(0));
+  Tensor lse = Tensor::empty({n, t}, DType::kF32, Device::cuda(0));
+  fill(q.view().data, q.numel(), 3);
+  fill(kv.view().data, kv.numel(), 4);
+  fill(k_pe.view().data, k_pe.numel(), 5);
+  std::vector<int32_t> cu_q, cu_k;
+  for (int64_t b = 0; b <= s.batch; ++b) {
+    cu_q.push_back(static_cast<int32_t>(b * s.sq));
+    cu_k.push_back(static_cast<int32_t>(b * s.sk));
+  }
+  Tensor cu_q_d = Tensor::empty({s.batch + 1}, DType::kI32, Device::cuda(0));
+  Tensor cu_k_d = Tensor::empty({s.batch + 1}, DType::kI32, Device::cuda(0));
+  check(cudaMemcpy(cu_q_d.view().data, cu_q.data(), cu_q.size() * 4, cudaMemcpyHostToDevice),
+        "cudaMemcpy");
+  check(cudaMemcpy(cu_k_d.view().data, cu_k.data(), cu_k.size() * 4, cudaMemcpyHostToDevice),
+        "cudaMemcpy");
+  const TensorView k_nope = kv.view().narrow(2, 0, kNope), v = kv.view().narrow(2, kNope, kDv);
+  const float scale = 0.0721688f;  // 1 / sqrt(192)
+  const std::optional<TensorView> lse_view =
+      s.causal ? std::nullopt : std::optional<TensorView>(lse.view());
+  const double ms = median_ms([&] {
+    mlakit::ops::mla_prefill(q, k_nope, k_pe, v, cu_q_d, cu_k_d, s.sq, s.sk, scale, s.causal, out,
+                             lse_view);
+  });
+  mlakit::cuda::check_device_errors(Device::cuda(0));
+  const double pairs =
+      s.causal ? static_cast<double>(s.sq) * (s.sq + 1) / 2.0 : static_cast<double>(s.sq) * s.sk;
+  const double flops = 2.0 * s.batch * n * pairs * (kNope + kRope + kDv);
+  const double tflops = flops / (ms * 1e-3) / 1e12;
+  std::printf("H=%-4ld B=%-2ld sq=%-6ld sk=%-6ld %-10s out %-4s  %9.3f ms  %7.1f TF/s  %5.1f %%\n",
+              static_cast<long>(n), static_cast<long>(s.batch), static_cast<long>(s.sq),
+              static_cast<long>(s.sk), s.causal ? "causal" : "non-causal",
+              mlakit::dtype_name(s.out_dtype), ms, tflops, 100.0 * tflops / ceiling);
+}
+
+}  // namespace
+
+int main() {
+  int count = 0;
+  if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
+    std::printf("no CUDA device: nothing to measure\n");
+    return 0;
+  }
+  cudaDeviceProp prop{};
+  check(cudaGetDeviceProperties(&prop, 0), "cudaGetDeviceProperties");
+  std::printf("%s, %d SMs; mla_prefill bf16, d_qk 192, d_v 128; medians of %d after %d warm-up\n",
+              prop.name, prop.multiProcessorCount, kRuns, kWarmup);
+  const double ceiling = gemm_ceiling_tflops();
+  const Shape shapes[] = {
+      {128, 1, 4096, 4096, true, DType::kBF16},  {128, 1, 16384, 16384, true, DType::kBF16},
+      {16, 1, 16384, 16384, true, DType::kBF16}, {16, 8, 4096, 4096, true, DType::kBF16},
+      {128, 1, 4096, 16384, false, DType::kF32},  // context chunk: 4096 queries x 16384 keys
+  };
+  for (const Shape& s : shapes) run_shape(s, ceiling);
+  return 0;
+}

@@ -1,0 +1,427 @@
+// ops::mla_prefill on CUDA tensors against the fp64 attention of tests/reference (K built as
+// [k_nope | k_pe broadcast over heads]) and against the CPU op on the same bytes: random varlen
+// batches (empty requests, lengths that are not multiples of the 64-row / 64-key tiles, fewer
+// keys than queries), causal and not, 1 / 16 / 128 heads, bf16 and f16, k_nope and v as strided
+// views of one [S, N, 256] kv_b_proj output, out with head stride 192 (padding must stay
+// untouched), out f32 from bf16 inputs, lse present or absent, unaligned rows (the scalar load
+// path), and every error: the CPU validation's messages, what only CUDA rejects, and bad
+// cu_seqlens values reported by the device. Out and lse start NaN, so every row must be written.
+// Skips without a GPU.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <optional>
+#include <random>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "common/test_util.hpp"
+#include "cuda/common/device_errors.hpp"
+#include "cuda/gpu_test_util.hpp"
+#include "mlakit/error.hpp"
+#include "mlakit/ops.hpp"
+#include "reference/reference.hpp"
+
+namespace mlakit {
+namespace {
+
+constexpr double kInf = std::numeric_limits<double>::infinity();
+constexpr int64_t kNope = 128, kRope = 64, kDv = 128, kDqk = kNope + kRope;  // MLA head sizes
+// Output head stride of the padded-V layout (spec F-25): columns [128, 192) must stay untouched.
+constexpr int64_t kOutHeadStride = 192;
+// LSEs are f32 log-sum-exps of O(1) scores over a few hundred keys (exp2 / log2 approximations
+// of a few ulps on the GPU).
+constexpr test::Tolerance kLseTolerance{1e-4, 1e-4};
+
+std::vector<int64_t> offsets_of(const std::vector<int64_t>& lengths) {
+  std::vector<int64_t> cu{0};
+  for (int64_t len : lengths) cu.push_back(cu.back() + len);
+  return cu;
+}
+
+struct Case {
+  DType dtype = DType::kBF16;
+  DType out_dtype = DType::kBF16;
+  int64_t heads = 2;
+  std::vector<int64_t> sq, sk;
+  bool causal = true;
+  bool with_lse = true;
+  int64_t q_pad = 8;  // extra elements per q head row: 8 keeps rows 16-byte aligned, 3 does not
+  int64_t extra_tokens = 0, extra_keys = 0;  // rows past the last request
+};
+
+// Host inputs laid out as the MLA forward makes them, and their device mirrors.
+struct Inputs {
+  Case c;
+  int64_t tokens = 0, keys = 0, max_q = 0, max_k = 0;
+  float scale = 0.0f;
+  Tensor q_buf, kv_buf, k_pe_buf, cu_q, cu_k;
+  TensorView q, k_nope, k_pe, v;  // host views
+};
+
+Inputs make_inputs(std::mt19937_64& rng, const Case& c) {
+  Inputs in;
+  in.c = c;
+  const std::vector<int64_t> cu_q = offsets_of(c.sq), cu_k = offsets_of(c.sk);
+  in.tokens = cu_q.back() + c.extra_tokens;
+  in.keys = cu_k.back() + c.extra_keys;
+  const int64_t n = c.heads, rope_offset = 16;  // k_pe: the rope columns of a wider buffer
+  in.q_buf = test::random_tensor(rng, {in.tokens, n, kDqk + c.q_pad}, c.dtype);
+  in.kv_buf = test::random_tensor(rng, {in.keys, n, kNope + kDv}, c.dtype);  // [S, N, 256]
+  in.k_pe_buf = test::random_tensor(rng, {in.keys, rope_offset + kRope}, c.dtype);
+  in.q = in.q_buf.view().narrow(2, 0, kDqk);
+  in.k_nope = in.kv_buf.view().narrow(2, 0, kNope);
+  in.v = in.kv_buf.view().narrow(2, kNope, kDv);
+  in.k_pe = in.k_pe_buf.view().narrow(1, rope_offset, kRope);
+  in.cu_q = test::int_tensor(cu_q, {static_cast<int64_t>(cu_q.size())}, DType::kI32);
+  in.cu_k = test::int_tensor(cu_k, {static_cast<int64_t>(cu_k.size())}, DType::kI32);
+  for (size_t b = 0; b < c.sq.size(); ++b) {
+    in.max_q = std::max(in.max_q, c.sq[b]);
+    in.max_k = std::max(in.max_k, c.sk[b]);
+  }
+  in.scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(kDqk)));
+  return in;
+}
+
+// fp64 result: out [T, N, V], lse [N, T]; rows outside every request are 0 / -inf.
+struct Expected {
+  std::vector<double> out, lse;
+};
+Expected reference_prefill(const Inputs& in) {
+  const int64_t n = in.c.heads;
+  Expected e{std::vector<double>(in.tokens * n * kDv, 0.0),
+             std::vector<double>(n * in.tokens, -kInf)};
+  int64_t q0 = 0, k0 = 0;
+  for (size_t b = 0; b < in.c.sq.size(); ++b) {
+    const int64_t sq = in.c.sq[b], sk = in.c.sk[b];
+    const std::vector<double> q = test::to_doubles(in.q.narrow(0, q0, sq));
+    const std::vector<double> k_nope = test::to_doubles(in.k_nope.narrow(0, k0, sk));
+    const std::vector<double> k_pe = test::to_doubles(in.k_pe.narrow(0, k0, sk));
+    const std::vector<double> v = test::to_doubles(in.v.narrow(0, k0, sk));
+    std::vector<double> k(sk * n * kDqk);  // [sk, N, P + R] = [k_nope | k_pe]
+    for (int64_t s = 0; s < sk; ++s) {
+      for (int64_t h = 0; h < n; ++h) {
+        double* row = &k[(s * n + h) * kDqk];
+        std::copy_n(&k_nope[(s * n + h) * kNope], kNope, row);
+        std::copy_n(&k_pe[s * kRope], kRope, row + kNope);
+      }
+    }
+    const ref::AttentionResult a =
+        ref::attention(q, k, v, sq, sk, n, n, kDqk, kDv, in.scale, in.c.causal);
+    std::copy(a.out.begin(), a.out.end(), e.out.begin() + q0 * n * kDv);
+    for (int64_t i = 0; i < sq; ++i) {
+      for (int64_t h = 0; h < n; ++h) e.lse[h * in.tokens + q0 + i] = a.lse[i * n + h];
+    }
+    q0 += sq;
+    k0 += sk;
+  }
+  return e;
+}
+
+// Outputs of one backend: out_buf [T, N, 192] with out = [:, :, 0:128], lse [N, T]; NaN first.
+struct Outputs {
+  Tensor out_buf, lse;
+  TensorView out() const { return out_buf.view().narrow(2, 0, kDv); }
+};
+Outputs nan_outputs(const Inputs& in) {
+  return {test::nan_tensor({in.tokens, in.c.heads, kOutHeadStride}, in.c.out_dtype),
+          test::nan_tensor({in.c.heads, in.tokens}, DType::kF32)};
+}
+
+Outputs run_cpu(const Inputs& in) {
+  Outputs o = nan_outputs(in);
+  ops::mla_prefill(in.q, in.k_nope, in.k_pe, in.v, in.cu_q, in.cu_k, in.max_q, in.max_k, in.scale,
+                   in.c.causal, o.out(),
+                   in.c.with_lse ? std::optional<TensorView>(o.lse.view()) : std::nullopt);
+  return o;
+}
+
+// Runs the CUDA op on device copies of the input buffers (the same views) and copies back.
+Outputs run_cuda(const Inputs& in) {
+  const Tensor q = test::to_device(in.q_buf), kv = test::to_device(in.kv_buf);
+  const Tensor pe = test::to_device(in.k_pe_buf);
+  const Tensor cu_q = test::to_device(in.cu_q), cu_k = test::to_device(in.cu_k);
+  const Outputs host = nan_outputs(in);
+  const Tensor out = test::to_device(host.out_buf), lse = test::to_device(host.lse);
+  ops::mla_prefill(test::mirror(in.q, in.q_buf, q), test::mirror(in.k_nope, in.kv_buf, kv),
+                   test::mirror(in.k_pe, in.k_pe_buf, pe), test::mirror(in.v, in.kv_buf, kv), cu_q,
+                   cu_k, in.max_q, in.max_k, in.scale, in.c.causal,
+                   test::mirror(host.out(), host.out_buf, out),
+                   in.c.with_lse ? std::optional<TensorView>(lse.view()) : std::nullopt);
+  EXPECT_NO_THROW(cuda::check_device_errors(Device::cuda(0)));
+  return {test::to_host(out), test::to_host(lse)};
+}
+
+// Checks a backend's outputs against the reference, and that the out padding stayed NaN.
+void expect_matches(const char* backend, const Inputs& in, const Outputs& o, const Expected& e) {
+  SCOPED_TRACE(backend);
+  // P is rounded to the input's 16-bit type before P V, so even an f32 out carries the
+  // input type's rounding.
+  const test::Tolerance tol = test::tolerance_for(in.c.dtype);
+  EXPECT_TRUE(test::all_close(o.out(), e.out, tol));
+  if (in.c.with_lse) {
+    EXPECT_TRUE(test::all_close(o.lse, e.lse, kLseTolerance));
+  } else {
+    EXPECT_TRUE(test::all_close(o.lse, std::vector<double>(o.lse.numel(), NAN), {0, 0}))
+        << "lse written although omitted";
+  }
+  const TensorView padding = o.out_buf.view().narrow(2, kDv, kOutHeadStride - kDv);
+  EXPECT_TRUE(test::all_close(padding, std::vector<double>(padding.numel(), NAN), {0, 0}))
+      << "out was written past its head size";
+}
+
+// CUDA against the fp64 reference and against the CPU op (the same inputs, bytes and views).
+void check_case(std::mt19937_64& rng, const Case& c) {
+  const Inputs in = make_inputs(rng, c);
+  const Expected e = reference_prefill(in);
+  const Outputs gpu = run_cuda(in);
+  expect_matches("cuda vs fp64 reference", in, gpu, e);
+  const Outputs cpu = run_cpu(in);
+  expect_matches("cpu vs fp64 reference", in, cpu, e);
+  const std::vector<double> cpu_out = test::to_doubles(cpu.out());
+  EXPECT_TRUE(test::all_close(gpu.out(), cpu_out, test::tolerance_for(c.dtype))) << "cuda vs cpu";
+}
+
+std::string describe(const Case& c) {
+  std::ostringstream s;  // (string operator+ chains trip GCC 12's -Wrestrict false positive)
+  s << dtype_name(c.dtype) << " -> " << dtype_name(c.out_dtype)
+    << (c.causal ? " causal" : " non-causal") << " heads " << c.heads << " sq/sk";
+  for (size_t b = 0; b < c.sq.size(); ++b) s << " " << c.sq[b] << "/" << c.sk[b];
+  return s.str();
+}
+
+TEST(CudaPrefill, RandomVarlenBatchesMatchReferenceAndCpu) {
+  MLAKIT_SKIP_WITHOUT_GPU();
+  auto rng = test::make_rng(60);
+  std::uniform_int_distribution<int64_t> batch(1, 5), len(0, 300), coin(0, 3);
+  for (DType dtype : {DType::kBF16, DType::kF16}) {
+    for (bool causal : {true, false}) {
+      for (int trial = 0; trial < 2; ++trial) {
+        Case c;
+        c.dtype = c.out_dtype = dtype;
+        c.causal = causal;
+        const int64_t b = batch(rng);
+        for (int64_t i = 0; i < b; ++i) {
+          c.sq.push_back(coin(rng) == 0 ? 0 : len(rng));
+          // Mostly keys = context + queries; sometimes fewer keys than queries.
+          c.sk.push_back(coin(rng) == 0 ? len(rng) / 4 : c.sq.back() + len(rng) / 2);
+        }
+        SCOPED_TRACE(describe(c));
+        check_case(rng, c);
+      }
+    }
+  }
+}
+
+TEST(CudaPrefill, TileBoundaries) {
+  // Lengths at and around the 64-row / 64-key tiles: 1, 63, 64, 65, 128, 129 queries; keys equal,
+  // one short, one past.
+  MLAKIT_SKIP_WITHOUT_GPU();
+  auto rng = test::make_rng(61);
+  for (bool causal : {true, false}) {
+    Case c;
+    c.causal = causal;
+    c.sq = {1, 63, 64, 65, 128, 129};
+    c.sk = {1, 62, 64, 66, 129, 128};
+    SCOPED_TRACE(describe(c));
+    check_case(rng, c);
+  }
+}
+
+TEST(CudaPrefill, SixteenAndOneHundredTwentyEightHeads) {
+  MLAKIT_SKIP_WITHOUT_GPU();
+  auto rng = test::make_rng(62);
+  for (bool causal : {true, false}) {
+    Case c16;
+    c16.heads = 16;
+    c16.causal = causal;
+    c16.sq = {70, 3};
+    c16.sk = {130, 3};
+    SCOPED_TRACE(describe(c16));
+    check_case(rng, c16);
+    Case c128;
+    c128.heads = 128;
+    c128.dtype = c128.out_dtype = DType::kF16;
+    c128.causal = causal;
+    c128.sq = {40, 20};
+    c128.sk = {70, 20};
+    SCOPED_TRACE(describe(c128));
+    check_case(rng, c128);
+  }
+}
+
+TEST(CudaPrefill, SingleHead) {
+  MLAKIT_SKIP_WITHOUT_GPU();
+  auto rng = test::make_rng(63);
+  Case c;
+  c.heads = 1;
+  c.sq = {200};
+  c.sk = {300};
+  check_case(rng, c);
+}
+
+TEST(CudaPrefill, FewerKeysThanQueriesLeavesEarlyQueriesEmpty) {
+  // Bottom-right causal: query i sees keys [0, sk - sq + i]; the first sq - sk see none (out 0,
+  // lse -inf), including whole 64-row tiles.
+  MLAKIT_SKIP_WITHOUT_GPU();
+  auto rng = test::make_rng(64);
+  Case c;
+  c.sq = {200, 10};
+  c.sk = {50, 1};
+  check_case(rng, c);
+}
+
+TEST(CudaPrefill, EmptyRequestsAndRowsPastTheLastRequest) {
+  MLAKIT_SKIP_WITHOUT_GPU();
+  auto rng = test::make_rng(65);
+  for (bool causal : {true, false}) {
+    Case c;
+    c.causal = causal;
+    c.sq = {0, 5, 70, 0, 3};
+    c.sk = {4, 0, 70, 0, 20};
+    c.extra_tokens = 130;  // more than max_seqlen_q: the tail block strides over them
+    c.extra_keys = 2;
+    SCOPED_TRACE(describe(c));
+    check_case(rng, c);
+  }
+  Case none;  // no request at all: every row is a tail row
+  none.extra_tokens = 9;
+  check_case(rng, none);
+}
+
+TEST(CudaPrefill, F32OutputFromBf16Inputs) {
+  // The orchestrator keeps partial outputs in f32 for the merge.
+  MLAKIT_SKIP_WITHOUT_GPU();
+  auto rng = test::make_rng(66);
+  for (bool causal : {true, false}) {
+    Case c;
+    c.out_dtype = DType::kF32;
+    c.causal = causal;
+    c.sq = {90, 33};
+    c.sk = {150, 33};
+    SCOPED_TRACE(describe(c));
+    check_case(rng, c);
+  }
+  Case f16_to_bf16;
+  f16_to_bf16.dtype = DType::kF16;
+  f16_to_bf16.out_dtype = DType::kBF16;
+  f16_to_bf16.sq = {65};
+  f16_to_bf16.sk = {65};
+  check_case(rng, f16_to_bf16);
+}
+
+TEST(CudaPrefill, LseMayBeOmitted) {
+  MLAKIT_SKIP_WITHOUT_GPU();
+  auto rng = test::make_rng(67);
+  Case c;
+  c.with_lse = false;
+  c.sq = {17, 100};
+  c.sk = {17, 160};
+  check_case(rng, c);
+}
+
+TEST(CudaPrefill, UnalignedRowsTakeTheScalarLoadPath) {
+  // q rows of 192 + 3 elements: not 16-byte aligned, so no cp.async of 16 bytes.
+  MLAKIT_SKIP_WITHOUT_GPU();
+  auto rng = test::make_rng(68);
+  for (bool causal : {true, false}) {
+    Case c;
+    c.q_pad = 3;
+    c.causal = causal;
+    c.sq = {70, 9};
+    c.sk = {100, 9};
+    SCOPED_TRACE(describe(c));
+    check_case(rng, c);
+  }
+}
+
+// ---- Errors ----------------------------------------------------------------------------------
+
+struct DeviceInputs {
+  Tensor q, k_nope, k_pe, v, out, lse, cu_q, cu_k;
+};
+DeviceInputs device_inputs(DType dtype, int64_t nope, int64_t rope, int64_t dv,
+                           const std::vector<int64_t>& cu_q, const std::vector<int64_t>& cu_k) {
+  const int64_t tokens = 8, keys = 10, heads = 2;
+  const auto dev = [](std::initializer_list<int64_t> shape, DType t) {
+    return Tensor::empty(shape, t, Device::cuda(0));
+  };
+  return {
+      dev({tokens, heads, nope + rope}, dtype),
+      dev({keys, heads, nope}, dtype),
+      dev({keys, rope}, dtype),
+      dev({keys, heads, dv}, dtype),
+      dev({tokens, heads, dv}, dtype),
+      dev({heads, tokens}, DType::kF32),
+      test::to_device(test::int_tensor(cu_q, {static_cast<int64_t>(cu_q.size())}, DType::kI32)),
+      test::to_device(test::int_tensor(cu_k, {static_cast<int64_t>(cu_k.size())}, DType::kI32))};
+}
+
+void prefill(const DeviceInputs& d, int64_t max_q, int64_t max_k) {
+  ops::mla_prefill(d.q, d.k_nope, d.k_pe, d.v, d.cu_q, d.cu_k, max_q, max_k, 0.1f, true, d.out,
+                   d.lse.view());
+}
+
+TEST(CudaPrefill, RejectsBadArgumentsWithTheCpuMessages) {
+  MLAKIT_SKIP_WITHOUT_GPU();
+  const DeviceInputs d = device_inputs(DType::kBF16, kNope, kRope, kDv, {0, 5, 8}, {0, 6, 10});
+  Tensor q2 = Tensor::empty({8, 2 * kDqk}, DType::kBF16, Device::cuda(0));
+  MLAKIT_EXPECT_THROW_MSG(ops::mla_prefill(q2, d.k_nope, d.k_pe, d.v, d.cu_q, d.cu_k, 5, 6, 0.1f,
+                                           true, d.out, d.lse.view()),
+                          "mla_prefill: q must have 3 dimensions, got 2");
+  Tensor v_heads = Tensor::empty({10, 3, kDv}, DType::kBF16, Device::cuda(0));
+  MLAKIT_EXPECT_THROW_MSG(ops::mla_prefill(d.q, d.k_nope, d.k_pe, v_heads, d.cu_q, d.cu_k, 5, 6,
+                                           0.1f, true, d.out, d.lse.view()),
+                          "mla_prefill: v.shape[1] must equal 2, got 3");
+  MLAKIT_EXPECT_THROW_MSG(ops::mla_prefill(d.q, d.k_nope, d.k_pe, d.v, d.cu_q, d.cu_k, 5, 6, 0.0f,
+                                           true, d.out, d.lse.view()),
+                          "mla_prefill: scale must be finite and > 0, got 0");
+  Tensor cu_host = test::int_tensor({0, 5, 8}, {3}, DType::kI32);
+  MLAKIT_EXPECT_THROW_MSG(ops::mla_prefill(d.q, d.k_nope, d.k_pe, d.v, cu_host, d.cu_k, 5, 6, 0.1f,
+                                           true, d.out, d.lse.view()),
+                          "mla_prefill: cu_seqlens_q is on cpu but q is on cuda:0");
+  MLAKIT_EXPECT_THROW_MSG(prefill(d, -1, 6),
+                          "mla_prefill: max_seqlen_q and max_seqlen_k must be >= 0, got -1 and 6");
+}
+
+TEST(CudaPrefill, RejectsWhatOnlyTheCpuKernelTakes) {
+  MLAKIT_SKIP_WITHOUT_GPU();
+  const DeviceInputs f32 = device_inputs(DType::kF32, kNope, kRope, kDv, {0, 5, 8}, {0, 6, 10});
+  MLAKIT_EXPECT_THROW_MSG(prefill(f32, 5, 6),
+                          "mla_prefill: the CUDA kernel takes f16 or bf16 q, k_nope, k_pe and v "
+                          "(tensor-core MMA), got f32");
+  const DeviceInputs small = device_inputs(DType::kBF16, 24, 8, 20, {0, 5, 8}, {0, 6, 10});
+  MLAKIT_EXPECT_THROW_MSG(prefill(small, 5, 6),
+                          "mla_prefill: the CUDA kernel takes k_nope.shape[2] = 128, "
+                          "k_pe.shape[1] = 64 and v.shape[2] = 128 (MLA head sizes), got 24, 8 "
+                          "and 20");
+}
+
+TEST(CudaPrefill, BadSeqlensOnTheDeviceAreReportedNotFollowed) {
+  // Values the CPU backend rejects on the host: on the GPU the kernel skips the request and sets
+  // the device error word; nothing is read or written out of bounds.
+  MLAKIT_SKIP_WITHOUT_GPU();
+  const std::vector<std::vector<int64_t>> bad_q = {
+      {1, 5, 8},   // does not start at 0
+      {0, 6, 4},   // decreasing
+      {0, 5, 9},   // past q.shape[0]
+      {0, 5, 8}};  // fine, but max_seqlen_q below (4) is too small
+  for (size_t i = 0; i < bad_q.size(); ++i) {
+    SCOPED_TRACE(i);
+    const DeviceInputs d = device_inputs(DType::kBF16, kNope, kRope, kDv, bad_q[i], {0, 6, 10});
+    prefill(d, i == 3 ? 4 : 5, 6);
+    MLAKIT_EXPECT_THROW_MSG(cuda::check_device_errors(Device::cuda(0)),
+                            "mla_prefill: cu_seqlens_q / cu_seqlens_k were not non-decreasing");
+  }
+  const DeviceInputs past_k = device_inputs(DType::kBF16, kNope, kRope, kDv, {0, 5, 8}, {0, 6, 11});
+  prefill(past_k, 5, 6);
+  MLAKIT_EXPECT_THROW_MSG(cuda::check_device_errors(Device::cuda(0)),
+                          "(that request's rows were not written)");
+  EXPECT_NO_THROW(cuda::check_device_errors(Device::cuda(0))) << "the word was not cleared";
+}
+
+}  // namespace
+}  // namespace mlakit
