@@ -10,15 +10,16 @@ JOBS=${JOBS:-$(nproc)}
 
 # One target per tests/cuda/*_test.cpp and bench/bench_gpu_*.cpp (the CMake target is the name).
 targets=()
-for source in tests/cuda/*_test.cpp bench/bench_gpu_*.cpp; do
+for source in tests/cuda/*_test.cpp bench/bench_gpu_*.cpp bench/bench_gpu_*.cu; do
   [ -e "$source" ] || continue
-  name=$(basename "$source" .cpp)
+  name=$(basename "$source")
+  name=${name%.*}
   targets+=("$name")
 done
 [ ${#targets[@]} -gt 0 ] || { echo "build_here: no GPU tests or benches found"; exit 1; }
 
 apps=OFF
-if compgen -G "bench/bench_gpu_*.cpp" > /dev/null; then apps=ON; fi  # benches need the apps dir
+if compgen -G "bench/bench_gpu_*" > /dev/null; then apps=ON; fi  # benches need the apps dir
 cmake --preset cuda -DMLAKIT_BUILD_APPS=$apps > /dev/null
 echo "build_here: building ${targets[*]} (-j $JOBS)"
 cmake --build --preset cuda -j "$JOBS" --target "${targets[@]}"

@@ -14,9 +14,10 @@ rm -rf .devbin
 mkdir -p .devbin/bin .devbin/lib
 
 found=0
-for source in tests/cuda/*_test.cpp bench/bench_gpu_*.cpp; do
+for source in tests/cuda/*_test.cpp bench/bench_gpu_*.cpp bench/bench_gpu_*.cu; do
   [ -e "$source" ] || continue
-  name=$(basename "$source" .cpp)
+  name=$(basename "$source")
+  name=${name%.*}
   binary=""
   for dir in "$BUILD/tests" "$BUILD/bench"; do
     if [ -x "$dir/$name" ]; then binary="$dir/$name"; fi
