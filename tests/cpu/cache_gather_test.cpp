@@ -12,6 +12,7 @@
 #include <sstream>
 #include <vector>
 
+#include "common/fp8_reference.hpp"
 #include "common/test_util.hpp"
 #include "mlakit/dtype.hpp"
 #include "mlakit/error.hpp"
@@ -20,14 +21,6 @@
 
 namespace mlakit {
 namespace {
-
-// e4m3fn by definition: sign, 4 exponent bits (bias 7), 3 mantissa bits; 0x7f / 0xff are NaN.
-double e4m3_value(int code) {
-  const int e = (code >> 3) & 15, m = code & 7;
-  if (e == 15 && m == 7) return std::nan("");
-  const double magnitude = e == 0 ? std::ldexp(m, -9) : std::ldexp(1.0 + m / 8.0, e - 7);
-  return (code & 0x80) ? -magnitude : magnitude;
-}
 
 // A random finite e4m3 code (0x7f and 0xff are NaN).
 uint8_t random_fp8_code(std::mt19937_64& rng) {
@@ -126,12 +119,12 @@ double expected_value(KvCacheDType kv, DType cache_dtype, DType dst_dtype, float
     case KvCacheDType::kAuto:
       return round_to_dtype(load_float(entry, cache_dtype, i), dst_dtype);
     case KvCacheDType::kFp8E4m3:  // exact double product, rounded to f32, then to dst
-      return round_to_dtype(static_cast<float>(e4m3_value(entry[i]) * scale), dst_dtype);
+      return round_to_dtype(static_cast<float>(test::e4m3_value(entry[i]) * scale), dst_dtype);
     case KvCacheDType::kFp8DsMla: {
       if (i >= 512) return load_float(entry + 528, dst_dtype, i - 512);  // rope bits, as stored
       float tile_scale;
       std::memcpy(&tile_scale, entry + 512 + 4 * (i / 128), 4);
-      return round_to_dtype(static_cast<float>(e4m3_value(entry[i]) * tile_scale), dst_dtype);
+      return round_to_dtype(static_cast<float>(test::e4m3_value(entry[i]) * tile_scale), dst_dtype);
     }
   }
   return NAN;

@@ -1,5 +1,5 @@
 // concat_and_cache_mla (spec A.3, D.4) against a per-token reference written here: the cache is
-// poisoned with NaN, every written entry is rebuilt independently (bit copy, an exhaustive-search
+// poisoned with NaN, every written entry is rebuilt independently (bit copy, a search-based
 // e4m3 encoder, the ds_mla tile layout) and the whole cache buffer, padding and unused slots
 // included, must match byte for byte.
 #include <gtest/gtest.h>
@@ -13,6 +13,7 @@
 #include <sstream>
 #include <vector>
 
+#include "common/fp8_reference.hpp"
 #include "common/test_util.hpp"
 #include "mlakit/dtype.hpp"
 #include "mlakit/error.hpp"
@@ -22,45 +23,18 @@
 namespace mlakit {
 namespace {
 
-// ---- independent e4m3 encoder -------------------------------------------------------------------
-
-// e4m3fn by definition: sign, 4 exponent bits (bias 7), 3 mantissa bits; 0x7f / 0xff are NaN.
-double e4m3_value(int code) {
-  const int e = (code >> 3) & 15, m = code & 7;
-  if (e == 15 && m == 7) return std::nan("");
-  const double magnitude = e == 0 ? std::ldexp(m, -9) : std::ldexp(1.0 + m / 8.0, e - 7);
-  return (code & 0x80) ? -magnitude : magnitude;
-}
-
-// The nearest e4m3 code by searching the sorted table of the 127 finite magnitudes (codes 0x00 to
-// 0x7e increase with the code), ties to the even code, saturating at 448 (code 0x7e).
-uint8_t e4m3_nearest(double x) {
-  static const std::vector<double> magnitudes = [] {
-    std::vector<double> m;
-    for (int code = 0; code < 0x7f; ++code) m.push_back(e4m3_value(code));
-    return m;
-  }();
-  if (std::isnan(x)) return std::signbit(x) ? 0xff : 0x7f;
-  const double a = std::min(std::fabs(x), 448.0);
-  const auto hi = std::lower_bound(magnitudes.begin(), magnitudes.end(), a);  // first >= a
-  int code = static_cast<int>(hi - magnitudes.begin());
-  if (code > 0) {
-    const double below = a - magnitudes[code - 1], above = magnitudes[code] - a;
-    if (below < above || (below == above && (code - 1) % 2 == 0)) code -= 1;
-  }
-  return static_cast<uint8_t>(code | (std::signbit(x) ? 0x80 : 0));
-}
+// ---- the independent e4m3 encoder (common/fp8_reference.hpp) ----------------------------------
 
 TEST(CacheWriteReference, EncoderRoundsTiesToEvenAndSaturates) {
-  EXPECT_EQ(e4m3_nearest(448.0), 0x7e);
-  EXPECT_EQ(e4m3_nearest(1e9), 0x7e);
-  EXPECT_EQ(e4m3_nearest(-1e9), 0xfe);
-  EXPECT_EQ(e4m3_nearest(1.0625), 0x38);  // between 1 (0x38) and 1.125 (0x39): even code wins
-  EXPECT_EQ(e4m3_nearest(1.1875), 0x3a);  // between 1.125 (0x39) and 1.25 (0x3a)
-  EXPECT_EQ(e4m3_nearest(0.0), 0x00);
+  EXPECT_EQ(test::e4m3_nearest(448.0), 0x7e);
+  EXPECT_EQ(test::e4m3_nearest(1e9), 0x7e);
+  EXPECT_EQ(test::e4m3_nearest(-1e9), 0xfe);
+  EXPECT_EQ(test::e4m3_nearest(1.0625), 0x38);  // between 1 (0x38) and 1.125 (0x39): even code wins
+  EXPECT_EQ(test::e4m3_nearest(1.1875), 0x3a);  // between 1.125 (0x39) and 1.25 (0x3a)
+  EXPECT_EQ(test::e4m3_nearest(0.0), 0x00);
   for (int code = 0; code < 0x7f; ++code) {
-    EXPECT_EQ(e4m3_nearest(e4m3_value(code)), code);
-    EXPECT_EQ(e4m3_nearest(-e4m3_value(code)), code | 0x80);
+    EXPECT_EQ(test::e4m3_nearest(test::e4m3_value(code)), code);
+    EXPECT_EQ(test::e4m3_nearest(-test::e4m3_value(code)), code | 0x80);
   }
 }
 
@@ -114,9 +88,9 @@ std::vector<uint8_t> expected_entry(const WriteCase& c, const TensorView& kv_c,
       break;
     case KvCacheDType::kFp8E4m3:
       for (int64_t i = 0; i < c.latent; ++i)
-        entry.push_back(e4m3_nearest(load_float(kv_c_row, c.act, i) / c.k_scale));
+        entry.push_back(test::e4m3_nearest(load_float(kv_c_row, c.act, i) / c.k_scale));
       for (int64_t i = 0; i < c.rope; ++i)
-        entry.push_back(e4m3_nearest(load_float(k_pe_row, c.act, i) / c.k_scale));
+        entry.push_back(test::e4m3_nearest(load_float(k_pe_row, c.act, i) / c.k_scale));
       break;
     case KvCacheDType::kFp8DsMla: {
       entry.assign(kDsMlaEntryBytes, 0);
@@ -127,7 +101,7 @@ std::vector<uint8_t> expected_entry(const WriteCase& c, const TensorView& kv_c,
         const float scale = std::max(amax / 448.0f, FLT_MIN);  // spec A.2, computed in f32
         std::memcpy(&entry[512 + 4 * tile], &scale, 4);        // f32 scales follow the NoPE bytes
         for (int64_t i = tile * 128; i < (tile + 1) * 128; ++i)
-          entry[i] = e4m3_nearest(load_float(kv_c_row, c.act, i) / scale);
+          entry[i] = test::e4m3_nearest(load_float(kv_c_row, c.act, i) / scale);
       }
       std::memcpy(&entry[528], k_pe_row, 64 * 2);  // rope: 64 16-bit values after the scales
       break;
