@@ -8,11 +8,10 @@
 #include <cfloat>
 #include <cmath>
 #include <cstring>
-#include <limits>
-#include <numeric>
-#include <sstream>
+#include <string>
 #include <vector>
 
+#include "common/cache_write_inputs.hpp"
 #include "common/fp8_reference.hpp"
 #include "common/test_util.hpp"
 #include "mlakit/dtype.hpp"
@@ -40,39 +39,7 @@ TEST(CacheWriteReference, EncoderRoundsTiesToEvenAndSaturates) {
 
 // ---- one write case -----------------------------------------------------------------------------
 
-struct WriteCase {
-  int64_t num_tokens = 42;  // slot_mapping length
-  int64_t extra_rows = 0;   // kv_c / k_pe rows beyond num_tokens (CUDA-graph padding)
-  int64_t latent = 512;     // L
-  int64_t rope = 64;        // R
-  int64_t block_size = 16;
-  int64_t num_blocks = 8;
-  DType act = DType::kBF16;
-  KvCacheDType kv_dtype = KvCacheDType::kAuto;
-  float k_scale = 1.0f;
-  bool sliced_inputs = false;  // kv_c and k_pe are column slices of one kv_lora tensor
-  int64_t input_pad = 0;       // kv_lora is [T', L + R + input_pad] (0: vLLM's [T', 576])
-  bool strided_cache = false;  // the cache is a transposed view of a padded [bs, nb, W + 8] buffer
-  bool bit_patterns = false;   // f32 inputs with raw bit patterns around e4m3's range, inf, NaN
-  double skip_fraction = 0.2;  // share of tokens with slot -1
-  uint64_t stream = 0;         // rng stream
-};
-
-std::string describe(const WriteCase& c) {
-  std::ostringstream os;
-  os << "T=" << c.num_tokens << "+" << c.extra_rows << " L=" << c.latent << " R=" << c.rope
-     << " bs=" << c.block_size << " nb=" << c.num_blocks << " act=" << dtype_name(c.act)
-     << " kv=" << kv_cache_dtype_name(c.kv_dtype) << " k_scale=" << c.k_scale
-     << " sliced=" << c.sliced_inputs << "+" << c.input_pad << " strided_cache=" << c.strided_cache;
-  return os.str();
-}
-
-int64_t entry_width(const WriteCase& c) {
-  return c.kv_dtype == KvCacheDType::kFp8DsMla ? kDsMlaEntryBytes : c.latent + c.rope;
-}
-DType cache_dtype(const WriteCase& c) {
-  return c.kv_dtype == KvCacheDType::kAuto ? c.act : DType::kU8;
-}
+using WriteCase = test::CacheWriteCase;
 
 // Expected bytes of token t's entry, built from the inputs without the code under test.
 std::vector<uint8_t> expected_entry(const WriteCase& c, const TensorView& kv_c,
@@ -111,88 +78,32 @@ std::vector<uint8_t> expected_entry(const WriteCase& c, const TensorView& kv_c,
 }
 
 void run_write_case(const WriteCase& c) {
-  SCOPED_TRACE(describe(c));
+  SCOPED_TRACE(test::describe(c));
   auto rng = test::make_rng(1000 + c.stream);
-  const int64_t rows = c.num_tokens + c.extra_rows;
-
-  // Inputs: [T', L] and [T', R], dense or column slices of kv_lora (row stride L + R + pad).
-  Tensor kv_lora, kv_c_dense, k_pe_dense;
-  TensorView kv_c, k_pe;
-  if (c.sliced_inputs) {
-    kv_lora = test::random_tensor(rng, {rows, c.latent + c.rope + c.input_pad}, c.act);
-    kv_c = kv_lora.view().narrow(1, 0, c.latent);
-    k_pe = kv_lora.view().narrow(1, c.latent, c.rope);
-  } else {
-    kv_c_dense = test::random_tensor(rng, {rows, c.latent}, c.act);
-    k_pe_dense = test::random_tensor(rng, {rows, c.rope}, c.act);
-    kv_c = kv_c_dense;
-    k_pe = k_pe_dense;
-  }
-  if (c.bit_patterns) {
-    // Exponents 2^-22 .. 2^10 cover e4m3's subnormals, normals and saturation; every 16th value
-    // is a fully random pattern (f32 subnormals, inf, NaN of either sign).
-    std::uniform_int_distribution<uint32_t> bits, exponent(127 - 22, 127 + 10);
-    for (const TensorView& v : {kv_c, k_pe}) {
-      for (int64_t r = 0; r < rows; ++r) {
-        auto* row = static_cast<uint32_t*>(v.data) + r * v.strides[0];
-        for (int64_t i = 0; i < v.shape[1]; ++i) {
-          const uint32_t u = bits(rng);
-          row[i] = (r * v.shape[1] + i) % 16 == 0 ? u : (u & 0x807fffffu) | (exponent(rng) << 23);
-        }
-      }
-    }
-    const float special[] = {INFINITY, -INFINITY, NAN,     -NAN,    FLT_MAX,
-                             448.0f,   464.0f,    -480.0f, FLT_MIN, 1e-40f /* f32 subnormal */,
-                             0.0f,     -0.0f};
-    for (int i = 0; i < 12 && rows > 0; ++i) store_float(kv_c.data, DType::kF32, i, special[i]);
-  } else if (c.kv_dtype == KvCacheDType::kFp8E4m3 && rows > 0) {
-    // Values far beyond 448 * k_scale must saturate to +-448. Then midpoints between two e4m3
-    // values times k_scale (exact in every act dtype for k_scale 1, 3 and 7): x / k_scale is a
-    // tie that rounds to the even code, where x * (1 / k_scale) lands past the tie for k_scale 7.
-    const float special[] = {1000.0f, -1000.0f, 1.0625f, -1.8125f, 0.0048828125f, 200.0f};
-    for (int i = 0; i < 6; ++i) store_float(kv_c.data, c.act, i, special[i] * c.k_scale);
-  }
-  if (c.kv_dtype == KvCacheDType::kFp8DsMla && rows > 0) {
-    for (int64_t i = 0; i < 128; ++i) store_float(kv_c.data, c.act, i, 0.0f);  // all-zero tile
-  }
-
-  // Cache, poisoned: dense [nb, bs, W], or [nb, bs, W] viewed in a [bs, nb, W + 8] buffer.
-  const int64_t width = entry_width(c);
-  const DType storage = cache_dtype(c);
-  Tensor buffer = c.strided_cache
-                      ? test::nan_tensor({c.block_size, c.num_blocks, width + 8}, storage)
-                      : test::nan_tensor({c.num_blocks, c.block_size, width}, storage);
-  const TensorView cache =
-      c.strided_cache ? buffer.view().transpose(0, 1).narrow(2, 0, width) : buffer.view();
-  const int64_t buffer_bytes = buffer.numel() * dtype_size(storage);
+  const test::CacheWriteInputs in = test::make_cache_write_inputs(rng, c);
+  const TensorView& cache = in.cache;
+  const int64_t width = test::cache_entry_width(c);
+  const int64_t es = dtype_size(test::cache_storage_dtype(c));
+  const int64_t buffer_bytes = in.cache_buffer.numel() * es;
   std::vector<uint8_t> expected(buffer_bytes);
-  std::memcpy(expected.data(), buffer.data<uint8_t>(), buffer_bytes);
+  std::memcpy(expected.data(), in.cache_buffer.data<uint8_t>(), buffer_bytes);
 
-  // Distinct random slots; some tokens skipped with slot -1.
-  std::vector<int64_t> all_slots(c.num_blocks * c.block_size);
-  std::iota(all_slots.begin(), all_slots.end(), 0);
-  std::shuffle(all_slots.begin(), all_slots.end(), rng);
-  std::bernoulli_distribution skip(c.skip_fraction);
-  std::vector<int64_t> slots(all_slots.begin(), all_slots.begin() + c.num_tokens);
-  for (int64_t& s : slots) s = skip(rng) ? -1 : s;
-  const Tensor slot_mapping = test::int_tensor(slots, {c.num_tokens}, DType::kI64);
+  ops::concat_and_cache_mla(in.kv_c, in.k_pe, cache, in.slot_mapping, c.kv_dtype, c.k_scale);
 
-  ops::concat_and_cache_mla(kv_c, k_pe, cache, slot_mapping, c.kv_dtype, c.k_scale);
-
-  const int64_t es = dtype_size(storage);
-  std::vector<int64_t> token_of_slot(all_slots.size(), -1);
+  std::vector<int64_t> token_of_slot(c.num_blocks * c.block_size, -1);
   for (int64_t t = 0; t < c.num_tokens; ++t) {
-    if (slots[t] < 0) continue;
-    token_of_slot[slots[t]] = t;
-    const int64_t block = slots[t] / c.block_size, offset = slots[t] % c.block_size;
-    const std::vector<uint8_t> entry = expected_entry(c, kv_c, k_pe, t);
+    const int64_t slot = in.slots[t];
+    if (slot < 0) continue;
+    token_of_slot[slot] = t;
+    const int64_t block = slot / c.block_size, offset = slot % c.block_size;
+    const std::vector<uint8_t> entry = expected_entry(c, in.kv_c, in.k_pe, t);
     ASSERT_EQ(static_cast<int64_t>(entry.size()), width * es);
     std::memcpy(&expected[(block * cache.strides[0] + offset * cache.strides[1]) * es],
                 entry.data(), entry.size());
   }
 
   // Byte-exact over the whole buffer; report the first difference by slot and byte.
-  const auto* actual = buffer.data<uint8_t>();
+  const auto* actual = in.cache_buffer.data<uint8_t>();
   int64_t mismatches = 0, first = -1;
   for (int64_t i = 0; i < buffer_bytes; ++i) {
     if (actual[i] != expected[i]) {
