@@ -26,18 +26,10 @@ void gather_raw(const GatherParams& p, cudaStream_t stream) {
   const int64_t unit = entry_alignment(
       p.cache,
       {address(p.dst), static_cast<uint64_t>(p.dst_row_bytes), static_cast<uint64_t>(p.row_bytes)});
-  switch (unit) {
-    case 16:
-      return launch_gather(gather_raw_kernel<16>, "gather_raw_kernel<16>", p, stream);
-    case 8:
-      return launch_gather(gather_raw_kernel<8>, "gather_raw_kernel<8>", p, stream);
-    case 4:
-      return launch_gather(gather_raw_kernel<4>, "gather_raw_kernel<4>", p, stream);
-    case 2:
-      return launch_gather(gather_raw_kernel<2>, "gather_raw_kernel<2>", p, stream);
-    default:
-      return launch_gather(gather_raw_kernel<1>, "gather_raw_kernel<1>", p, stream);
-  }
+  dispatch_access_width(unit, [&](auto width) {
+    constexpr int kUnit = decltype(width)::value;
+    launch_gather(gather_raw_kernel<kUnit>, "gather_raw_kernel", p, stream);
+  });
 }
 
 // dst[t, i] = Out(op(In(entry[i]))) in packs of 16 bytes on the wider side when aligned.
@@ -135,22 +127,11 @@ void cp_gather_cache(const TensorView& src_cache, const TensorView& dst,
       p.cache,
       {address(p.dst), static_cast<uint64_t>(p.dst_row_bytes), static_cast<uint64_t>(p.row_bytes)});
   const cudaStream_t s = as_cuda_stream(stream);
-  const auto run = [&](auto kernel, const char* name) {
-    kernel<<<grid, kThreadsPerBlock, 0, s>>>(p);
-    check_launch(kCpGatherOp, name);
-  };
-  switch (unit) {
-    case 16:
-      return run(cp_gather_kernel<16>, "cp_gather_kernel<16>");
-    case 8:
-      return run(cp_gather_kernel<8>, "cp_gather_kernel<8>");
-    case 4:
-      return run(cp_gather_kernel<4>, "cp_gather_kernel<4>");
-    case 2:
-      return run(cp_gather_kernel<2>, "cp_gather_kernel<2>");
-    default:
-      return run(cp_gather_kernel<1>, "cp_gather_kernel<1>");
-  }
+  dispatch_access_width(unit, [&](auto width) {
+    constexpr int kUnit = decltype(width)::value;
+    cp_gather_kernel<kUnit><<<grid, kThreadsPerBlock, 0, s>>>(p);
+    check_launch(kCpGatherOp, "cp_gather_kernel");
+  });
 }
 
 }  // namespace mlakit::cuda

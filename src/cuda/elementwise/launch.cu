@@ -54,18 +54,10 @@ void move_bytes(const char* op, const TensorView& src, const TensorView& dst, cu
   }
   const ElementwiseParams p{static_cast<const char*>(src.data), static_cast<char*>(dst.data),
                             rows_layout(m, elem, elem, units_per_row, src_step, dst_step)};
-  switch (unit) {
-    case 16:
-      return launch(op, "move_bytes_kernel<16>", move_bytes_kernel<16>, p.layout, stream, p);
-    case 8:
-      return launch(op, "move_bytes_kernel<8>", move_bytes_kernel<8>, p.layout, stream, p);
-    case 4:
-      return launch(op, "move_bytes_kernel<4>", move_bytes_kernel<4>, p.layout, stream, p);
-    case 2:
-      return launch(op, "move_bytes_kernel<2>", move_bytes_kernel<2>, p.layout, stream, p);
-    default:
-      return launch(op, "move_bytes_kernel<1>", move_bytes_kernel<1>, p.layout, stream, p);
-  }
+  dispatch_access_width(unit, [&](auto width) {
+    constexpr int kUnit = decltype(width)::value;
+    launch(op, "move_bytes_kernel", move_bytes_kernel<kUnit>, p.layout, stream, p);
+  });
 }
 
 // Elements per vector unit when In is read with 16-byte loads: 4 f32 or 8 16-bit values.
@@ -151,18 +143,10 @@ void fill_zero(const TensorView& dst, Stream stream) {
   }
   const ElementwiseParams p{nullptr, static_cast<char*>(dst.data),
                             rows_layout(m, elem, elem, units_per_row, step, step)};
-  switch (unit) {
-    case 16:
-      return launch(kOp, "zero_bytes_kernel<16>", zero_bytes_kernel<16>, p.layout, s, p);
-    case 8:
-      return launch(kOp, "zero_bytes_kernel<8>", zero_bytes_kernel<8>, p.layout, s, p);
-    case 4:
-      return launch(kOp, "zero_bytes_kernel<4>", zero_bytes_kernel<4>, p.layout, s, p);
-    case 2:
-      return launch(kOp, "zero_bytes_kernel<2>", zero_bytes_kernel<2>, p.layout, s, p);
-    default:
-      return launch(kOp, "zero_bytes_kernel<1>", zero_bytes_kernel<1>, p.layout, s, p);
-  }
+  dispatch_access_width(unit, [&](auto width) {
+    constexpr int kUnit = decltype(width)::value;
+    launch(kOp, "zero_bytes_kernel", zero_bytes_kernel<kUnit>, p.layout, s, p);
+  });
 }
 
 void scaled_fp8_quant(const TensorView& x, const TensorView& out, float inv_scale, Stream stream) {
