@@ -32,29 +32,38 @@ void launch(const char* op, const char* name, Kernel kernel, const RowsLayout& l
   check_launch(op, name);
 }
 
+// An equal-dtype walk over src and dst (merged as m; src may be dst) in raw units: the widest
+// access (<= 16 bytes) that both start addresses, the row length and every row stride are a
+// multiple of when rows are contiguous, else one element.
+struct RawUnits {
+  int64_t bytes;
+  RowsLayout layout;
+};
+
+RawUnits raw_units(const MergedDims& m, const TensorView& src, const TensorView& dst) {
+  const int64_t elem = dst.element_size();
+  if (!m.inner_contiguous()) {
+    return {elem, rows_layout(m, elem, elem, m.inner(), m.src_stride[m.ndim - 1] * elem,
+                              m.dst_stride[m.ndim - 1] * elem)};
+  }
+  uint64_t rows_bytes[2 * kMaxOuterDims] = {};
+  for (int d = 0; d < m.ndim - 1; ++d) {
+    rows_bytes[2 * d] = static_cast<uint64_t>(m.src_stride[d] * elem);
+    rows_bytes[2 * d + 1] = static_cast<uint64_t>(m.dst_stride[d] * elem);
+  }
+  const int64_t unit = common_alignment(
+      {address(src.data), address(dst.data), static_cast<uint64_t>(m.inner() * elem), rows_bytes[0],
+       rows_bytes[1], rows_bytes[2], rows_bytes[3], rows_bytes[4], rows_bytes[5]},
+      kMaxAccessBytes);
+  return {unit, rows_layout(m, elem, elem, m.inner() * elem / unit, unit, unit)};
+}
+
 // Raw copy of equal-dtype views in units of the widest aligned access.
 void move_bytes(const char* op, const TensorView& src, const TensorView& dst, cudaStream_t stream) {
-  const MergedDims m = merge_dims(src, dst);
-  const int64_t elem = dst.element_size();
-  int64_t unit = elem;
-  int64_t units_per_row = m.inner();
-  int64_t src_step = m.src_stride[m.ndim - 1] * elem, dst_step = m.dst_stride[m.ndim - 1] * elem;
-  if (m.inner_contiguous()) {
-    uint64_t rows_bytes[2 * kMaxOuterDims] = {};
-    for (int d = 0; d < m.ndim - 1; ++d) {
-      rows_bytes[2 * d] = static_cast<uint64_t>(m.src_stride[d] * elem);
-      rows_bytes[2 * d + 1] = static_cast<uint64_t>(m.dst_stride[d] * elem);
-    }
-    unit = common_alignment(
-        {address(src.data), address(dst.data), static_cast<uint64_t>(m.inner() * elem),
-         rows_bytes[0], rows_bytes[1], rows_bytes[2], rows_bytes[3], rows_bytes[4], rows_bytes[5]},
-        kMaxAccessBytes);
-    units_per_row = m.inner() * elem / unit;
-    src_step = dst_step = unit;
-  }
+  const RawUnits r = raw_units(merge_dims(src, dst), src, dst);
   const ElementwiseParams p{static_cast<const char*>(src.data), static_cast<char*>(dst.data),
-                            rows_layout(m, elem, elem, units_per_row, src_step, dst_step)};
-  dispatch_access_width(unit, [&](auto width) {
+                            r.layout};
+  dispatch_access_width(r.bytes, [&](auto width) {
     constexpr int kUnit = decltype(width)::value;
     launch(op, "move_bytes_kernel", move_bytes_kernel<kUnit>, p.layout, stream, p);
   });
@@ -130,20 +139,9 @@ void fill_zero(const TensorView& dst, Stream stream) {
                "cudaMemsetAsync");
     return;
   }
-  int64_t unit = elem, units_per_row = m.inner(), step = m.dst_stride[m.ndim - 1] * elem;
-  if (m.inner_contiguous()) {
-    uint64_t rows_bytes[kMaxOuterDims] = {};
-    for (int d = 0; d < m.ndim - 1; ++d)
-      rows_bytes[d] = static_cast<uint64_t>(m.dst_stride[d] * elem);
-    unit = common_alignment({address(dst.data), static_cast<uint64_t>(m.inner() * elem),
-                             rows_bytes[0], rows_bytes[1], rows_bytes[2]},
-                            kMaxAccessBytes);
-    units_per_row = m.inner() * elem / unit;
-    step = unit;
-  }
-  const ElementwiseParams p{nullptr, static_cast<char*>(dst.data),
-                            rows_layout(m, elem, elem, units_per_row, step, step)};
-  dispatch_access_width(unit, [&](auto width) {
+  const RawUnits r = raw_units(m, dst, dst);
+  const ElementwiseParams p{nullptr, static_cast<char*>(dst.data), r.layout};
+  dispatch_access_width(r.bytes, [&](auto width) {
     constexpr int kUnit = decltype(width)::value;
     launch(kOp, "zero_bytes_kernel", zero_bytes_kernel<kUnit>, p.layout, s, p);
   });
