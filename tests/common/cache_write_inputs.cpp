@@ -53,6 +53,26 @@ std::string describe(const CacheWriteCase& c) {
   return os.str();
 }
 
+CacheWriteCase random_cache_write_case(std::mt19937_64& rng, uint64_t i) {
+  constexpr DType kActDtypes[] = {DType::kF32, DType::kBF16, DType::kF16};
+  constexpr int64_t kBlockSizes[] = {1, 5, 16, 64};
+  std::uniform_int_distribution<int64_t> latent(1, 96), rope(1, 40), blocks(1, 12);
+  CacheWriteCase c;
+  c.kv_dtype = i % 3 == 0 ? KvCacheDType::kAuto : KvCacheDType::kFp8E4m3;
+  c.act = kActDtypes[i % 3];
+  c.latent = latent(rng);
+  c.rope = rope(rng);
+  c.block_size = kBlockSizes[i % 4];
+  c.num_blocks = blocks(rng);
+  c.num_tokens = std::uniform_int_distribution<int64_t>(0, c.num_blocks * c.block_size)(rng);
+  c.k_scale = i % 2 ? 0.25f : 2.0f;
+  c.sliced_inputs = i % 2 == 0;
+  c.input_pad = i % 4 == 0 ? 3 : 0;
+  c.strided_cache = i % 4 == 1;
+  c.stream = 500 + i;
+  return c;
+}
+
 int64_t cache_entry_width(const CacheWriteCase& c) {
   return c.kv_dtype == KvCacheDType::kFp8DsMla ? kDsMlaEntryBytes : c.latent + c.rope;
 }

@@ -34,6 +34,11 @@ struct CacheWriteCase {
 
 std::string describe(const CacheWriteCase& c);
 
+// Case i of a sweep of small random shapes: auto or fp8_e4m3 (k_scale 2 or 0.25) and the act
+// dtype by i, L in [1, 96], R in [1, 40], 1 to 12 blocks of 1, 5, 16 or 64 slots with up to every
+// slot written; sliced, padded and strided layouts by i. Rng stream 500 + i; no extra rows.
+CacheWriteCase random_cache_write_case(std::mt19937_64& rng, uint64_t i);
+
 int64_t cache_entry_width(const CacheWriteCase& c);  // W: L + R, or 656 bytes for fp8_ds_mla
 DType cache_storage_dtype(const CacheWriteCase& c);  // act for auto, else u8
 

@@ -132,23 +132,9 @@ TEST(CudaConcatAndCacheMla, StridedCacheRandomSizesAndSkips) {
                     .stream = 300 + static_cast<uint64_t>(kv)});
   }
   auto rng = test::make_rng(400);
-  std::uniform_int_distribution<int64_t> latent(1, 96), rope(1, 40), blocks(1, 12);
-  const int64_t block_sizes[] = {1, 5, 16, 64};
   for (uint64_t i = 0; i < 12; ++i) {
-    WriteCase c;
-    c.kv_dtype = i % 3 == 0 ? KvCacheDType::kAuto : KvCacheDType::kFp8E4m3;
-    c.act = kActDtypes[i % 3];
-    c.latent = latent(rng);
-    c.rope = rope(rng);
-    c.block_size = block_sizes[i % 4];
-    c.num_blocks = blocks(rng);
-    c.num_tokens = std::uniform_int_distribution<int64_t>(0, c.num_blocks * c.block_size)(rng);
+    WriteCase c = test::random_cache_write_case(rng, i);
     c.extra_rows = kPaddingRows;
-    c.k_scale = i % 2 ? 0.25f : 2.0f;
-    c.sliced_inputs = i % 2 == 0;
-    c.input_pad = i % 4 == 0 ? 3 : 0;
-    c.strided_cache = i % 4 == 1;
-    c.stream = 500 + i;
     run_write_case(c);
   }
   run_write_case({.num_tokens = 10,
