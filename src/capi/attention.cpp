@@ -11,6 +11,7 @@ using mlakit::capi::guarded;
 using mlakit::capi::require_count;
 using mlakit::capi::require_pointer;
 using mlakit::capi::to_view;
+using mlakit::capi::to_views;
 
 struct mlakit_attention {
   explicit mlakit_attention(const mlakit::MlaAttentionConfig& config,
@@ -157,11 +158,12 @@ MLAKIT_API mlakit_status_t mlakit_attention_forward(mlakit_attention_t* attentio
     mlakit::ForwardScales scales;
     scales.q_scale = q_scale;
     scales.k_scale = k_scale;
-    const mlakit::TensorView q_view = to_view(kOp, "q", q);
-    const mlakit::TensorView kv_c_normed_view = to_view(kOp, "kv_c_normed", kv_c_normed);
-    const mlakit::TensorView k_pe_view = to_view(kOp, "k_pe", k_pe);
-    const mlakit::TensorView kv_cache_view = to_view(kOp, "kv_cache", kv_cache);
-    const mlakit::TensorView output_view = to_view(kOp, "output", output);
+    const auto [q_view, kv_c_normed_view, k_pe_view, kv_cache_view, output_view] =
+        to_views(kOp, {{"q", q},
+                       {"kv_c_normed", kv_c_normed},
+                       {"k_pe", k_pe},
+                       {"kv_cache", kv_cache},
+                       {"output", output}});
     attention->layer.forward(q_view, kv_c_normed_view, k_pe_view, kv_cache_view,
                              forward_batch ? &*forward_batch : nullptr, output_view, scales,
                              mlakit::Stream{stream});

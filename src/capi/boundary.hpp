@@ -3,6 +3,8 @@
 // through to_view().
 #pragma once
 
+#include <array>
+#include <cstddef>
 #include <cstdint>
 #include <exception>
 #include <new>
@@ -49,6 +51,21 @@ TensorView to_view(const char* op, const char* name, const DLTensor* tensor);
 // nullopt for NULL, else to_view().
 std::optional<TensorView> to_optional_view(const char* op, const char* name,
                                            const DLTensor* tensor);
+
+// A DLTensor argument and its name in messages.
+struct NamedDLTensor {
+  const char* name;
+  const DLTensor* tensor;
+};
+
+// to_view() of each argument, strictly in the order given, so that the first bad argument is the
+// one reported (the arguments of a function call are evaluated in no fixed order).
+template <size_t N>
+std::array<TensorView, N> to_views(const char* op, const NamedDLTensor (&tensors)[N]) {
+  std::array<TensorView, N> views;
+  for (size_t i = 0; i < N; ++i) views[i] = to_view(op, tensors[i].name, tensors[i].tensor);
+  return views;
+}
 
 KvCacheDType to_kv_cache_dtype(const char* op, int32_t value);
 QueryLenSupport to_query_len_support(const char* op, int32_t value);

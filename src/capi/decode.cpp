@@ -10,7 +10,7 @@ using mlakit::capi::guarded;
 using mlakit::capi::require_count;
 using mlakit::capi::require_pointer;
 using mlakit::capi::to_kv_cache_dtype;
-using mlakit::capi::to_view;
+using mlakit::capi::to_views;
 
 namespace {
 
@@ -34,12 +34,13 @@ MLAKIT_API mlakit_status_t mlakit_mla_decode(const DLTensor* q, const DLTensor* 
                                              int32_t kv_cache_dtype, float q_scale, float k_scale) {
   constexpr const char* kOp = "mla_decode";
   return guarded(kOp, [&] {
-    const mlakit::TensorView q_view = to_view(kOp, "q", q);
-    const mlakit::TensorView kv_cache_view = to_view(kOp, "kv_cache", kv_cache);
-    const mlakit::TensorView block_table_view = to_view(kOp, "block_table", block_table);
-    const mlakit::TensorView seq_lens_view = to_view(kOp, "seq_lens", seq_lens);
-    const mlakit::TensorView out_view = to_view(kOp, "out", out);
-    const mlakit::TensorView lse_view = to_view(kOp, "lse", lse);
+    const auto [q_view, kv_cache_view, block_table_view, seq_lens_view, out_view, lse_view] =
+        to_views(kOp, {{"q", q},
+                       {"kv_cache", kv_cache},
+                       {"block_table", block_table},
+                       {"seq_lens", seq_lens},
+                       {"out", out},
+                       {"lse", lse}});
     mlakit::ops::mla_decode(q_view, kv_cache_view, block_table_view, seq_lens_view, out_view,
                             lse_view, decode_params(kOp, scale, kv_cache_dtype, q_scale, k_scale));
   });
@@ -97,14 +98,14 @@ MLAKIT_API mlakit_status_t mlakit_mla_decode_scheduled(
   constexpr const char* kOp = "mla_decode";
   return guarded(kOp, [&] {
     require_pointer(kOp, "schedule", schedule);
-    const mlakit::TensorView q_view = to_view(kOp, "q", q);
-    const mlakit::TensorView kv_cache_view = to_view(kOp, "kv_cache", kv_cache);
-    const mlakit::TensorView block_table_view = to_view(kOp, "block_table", block_table);
-    const mlakit::TensorView seq_lens_view = to_view(kOp, "seq_lens", seq_lens);
-    const mlakit::TensorView out_view = to_view(kOp, "out", out);
-    const mlakit::TensorView lse_view = to_view(kOp, "lse", lse);
-    const mlakit::TensorView split_workspace_view =
-        to_view(kOp, "split_workspace", split_workspace);
+    const auto [q_view, kv_cache_view, block_table_view, seq_lens_view, out_view, lse_view,
+                split_workspace_view] = to_views(kOp, {{"q", q},
+                                                       {"kv_cache", kv_cache},
+                                                       {"block_table", block_table},
+                                                       {"seq_lens", seq_lens},
+                                                       {"out", out},
+                                                       {"lse", lse},
+                                                       {"split_workspace", split_workspace}});
     mlakit::ops::mla_decode(q_view, kv_cache_view, block_table_view, seq_lens_view, out_view,
                             lse_view, decode_params(kOp, scale, kv_cache_dtype, q_scale, k_scale),
                             schedule->schedule, split_workspace_view, mlakit::Stream{stream});

@@ -8,6 +8,7 @@ using mlakit::capi::guarded;
 using mlakit::capi::to_kv_cache_dtype;
 using mlakit::capi::to_optional_view;
 using mlakit::capi::to_view;
+using mlakit::capi::to_views;
 
 extern "C" {
 
@@ -18,10 +19,9 @@ MLAKIT_API mlakit_status_t mlakit_concat_and_cache_mla(const DLTensor* kv_c, con
                                                        void* stream) {
   constexpr const char* kOp = "concat_and_cache_mla";
   return guarded(kOp, [&] {
-    const mlakit::TensorView kv_c_view = to_view(kOp, "kv_c", kv_c);
-    const mlakit::TensorView k_pe_view = to_view(kOp, "k_pe", k_pe);
-    const mlakit::TensorView kv_cache_view = to_view(kOp, "kv_cache", kv_cache);
-    const mlakit::TensorView slot_mapping_view = to_view(kOp, "slot_mapping", slot_mapping);
+    const auto [kv_c_view, k_pe_view, kv_cache_view, slot_mapping_view] = to_views(
+        kOp,
+        {{"kv_c", kv_c}, {"k_pe", k_pe}, {"kv_cache", kv_cache}, {"slot_mapping", slot_mapping}});
     mlakit::ops::concat_and_cache_mla(kv_c_view, k_pe_view, kv_cache_view, slot_mapping_view,
                                       to_kv_cache_dtype(kOp, kv_cache_dtype), scale,
                                       Stream{stream});
@@ -34,11 +34,12 @@ MLAKIT_API mlakit_status_t mlakit_gather_and_maybe_dequant_cache(
     int32_t kv_cache_dtype, float scale, const DLTensor* seq_starts, void* stream) {
   constexpr const char* kOp = "gather_and_maybe_dequant_cache";
   return guarded(kOp, [&] {
-    const mlakit::TensorView src_cache_view = to_view(kOp, "src_cache", src_cache);
-    const mlakit::TensorView dst_view = to_view(kOp, "dst", dst);
-    const mlakit::TensorView block_table_view = to_view(kOp, "block_table", block_table);
-    const mlakit::TensorView cu_seq_lens_view = to_view(kOp, "cu_seq_lens", cu_seq_lens);
-    const mlakit::TensorView token_to_seq_view = to_view(kOp, "token_to_seq", token_to_seq);
+    const auto [src_cache_view, dst_view, block_table_view, cu_seq_lens_view, token_to_seq_view] =
+        to_views(kOp, {{"src_cache", src_cache},
+                       {"dst", dst},
+                       {"block_table", block_table},
+                       {"cu_seq_lens", cu_seq_lens},
+                       {"token_to_seq", token_to_seq}});
     const std::optional<mlakit::TensorView> seq_starts_view =
         to_optional_view(kOp, "seq_starts", seq_starts);
     mlakit::ops::gather_and_maybe_dequant_cache(
@@ -53,10 +54,11 @@ MLAKIT_API mlakit_status_t mlakit_cp_gather_cache(const DLTensor* src_cache, con
                                                   const DLTensor* seq_starts, void* stream) {
   constexpr const char* kOp = "cp_gather_cache";
   return guarded(kOp, [&] {
-    const mlakit::TensorView src_cache_view = to_view(kOp, "src_cache", src_cache);
-    const mlakit::TensorView dst_view = to_view(kOp, "dst", dst);
-    const mlakit::TensorView block_table_view = to_view(kOp, "block_table", block_table);
-    const mlakit::TensorView cu_seq_lens_view = to_view(kOp, "cu_seq_lens", cu_seq_lens);
+    const auto [src_cache_view, dst_view, block_table_view, cu_seq_lens_view] =
+        to_views(kOp, {{"src_cache", src_cache},
+                       {"dst", dst},
+                       {"block_table", block_table},
+                       {"cu_seq_lens", cu_seq_lens}});
     const std::optional<mlakit::TensorView> seq_starts_view =
         to_optional_view(kOp, "seq_starts", seq_starts);
     mlakit::ops::cp_gather_cache(src_cache_view, dst_view, block_table_view, cu_seq_lens_view,
@@ -75,10 +77,11 @@ MLAKIT_API mlakit_status_t mlakit_merge_attn_states(const DLTensor* output,
     const mlakit::TensorView output_view = to_view(kOp, "output", output);
     const std::optional<mlakit::TensorView> output_lse_view =
         to_optional_view(kOp, "output_lse", output_lse);
-    const mlakit::TensorView prefix_output_view = to_view(kOp, "prefix_output", prefix_output);
-    const mlakit::TensorView prefix_lse_view = to_view(kOp, "prefix_lse", prefix_lse);
-    const mlakit::TensorView suffix_output_view = to_view(kOp, "suffix_output", suffix_output);
-    const mlakit::TensorView suffix_lse_view = to_view(kOp, "suffix_lse", suffix_lse);
+    const auto [prefix_output_view, prefix_lse_view, suffix_output_view, suffix_lse_view] =
+        to_views(kOp, {{"prefix_output", prefix_output},
+                       {"prefix_lse", prefix_lse},
+                       {"suffix_output", suffix_output},
+                       {"suffix_lse", suffix_lse}});
     mlakit::ops::merge_attn_states(output_view, output_lse_view, prefix_output_view,
                                    prefix_lse_view, suffix_output_view, suffix_lse_view,
                                    Stream{stream});
@@ -89,8 +92,7 @@ MLAKIT_API mlakit_status_t mlakit_scaled_fp8_quant(const DLTensor* input, const 
                                                    float scale, void* stream) {
   constexpr const char* kOp = "scaled_fp8_quant";
   return guarded(kOp, [&] {
-    const mlakit::TensorView input_view = to_view(kOp, "input", input);
-    const mlakit::TensorView out_view = to_view(kOp, "out", out);
+    const auto [input_view, out_view] = to_views(kOp, {{"input", input}, {"out", out}});
     mlakit::ops::scaled_fp8_quant(input_view, out_view, scale, Stream{stream});
   });
 }
@@ -104,13 +106,14 @@ MLAKIT_API mlakit_status_t mlakit_mla_prefill(const DLTensor* q, const DLTensor*
                                               void* stream) {
   constexpr const char* kOp = "mla_prefill";
   return guarded(kOp, [&] {
-    const mlakit::TensorView q_view = to_view(kOp, "q", q);
-    const mlakit::TensorView k_nope_view = to_view(kOp, "k_nope", k_nope);
-    const mlakit::TensorView k_pe_view = to_view(kOp, "k_pe", k_pe);
-    const mlakit::TensorView v_view = to_view(kOp, "v", v);
-    const mlakit::TensorView cu_seqlens_q_view = to_view(kOp, "cu_seqlens_q", cu_seqlens_q);
-    const mlakit::TensorView cu_seqlens_k_view = to_view(kOp, "cu_seqlens_k", cu_seqlens_k);
-    const mlakit::TensorView out_view = to_view(kOp, "out", out);
+    const auto [q_view, k_nope_view, k_pe_view, v_view, cu_seqlens_q_view, cu_seqlens_k_view,
+                out_view] = to_views(kOp, {{"q", q},
+                                           {"k_nope", k_nope},
+                                           {"k_pe", k_pe},
+                                           {"v", v},
+                                           {"cu_seqlens_q", cu_seqlens_q},
+                                           {"cu_seqlens_k", cu_seqlens_k},
+                                           {"out", out}});
     const std::optional<mlakit::TensorView> lse_view = to_optional_view(kOp, "lse", lse);
     mlakit::ops::mla_prefill(q_view, k_nope_view, k_pe_view, v_view, cu_seqlens_q_view,
                              cu_seqlens_k_view, max_seqlen_q, max_seqlen_k, scale, causal != 0,

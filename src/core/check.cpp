@@ -1,5 +1,7 @@
 #include "core/check.hpp"
 
+#include <cmath>
+
 namespace mlakit::detail {
 
 void fail(ErrorCode code, const std::string& message) { throw Error(code, message); }
@@ -70,6 +72,11 @@ void check_device(const char* op, const char* name, const TensorView& t, Device 
 
 void check_float_activation(const char* op, const char* name, const TensorView& t) {
   check_dtype(op, name, t, {DType::kF32, DType::kF16, DType::kBF16});
+}
+
+void check_positive_finite(const char* op, const char* name, float value) {
+  require(std::isfinite(value) && value > 0.0f, ErrorCode::kInvalidArgument, op, ": ", name,
+          " must be finite and > 0, got ", value);
 }
 
 }  // namespace mlakit::detail

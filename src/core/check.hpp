@@ -40,6 +40,8 @@ void check_contiguous(const char* op, const char* name, const TensorView& t);
 void check_storage(const char* op, const char* name, const TensorView& t);
 void check_device(const char* op, const char* name, const TensorView& t, Device expected);
 void check_float_activation(const char* op, const char* name, const TensorView& t);  // f32/f16/bf16
+// A scale factor: finite and > 0.
+void check_positive_finite(const char* op, const char* name, float value);
 
 }  // namespace mlakit::detail
 

@@ -2,7 +2,6 @@
 // where the index tensors are readable on the host) and dispatch by device.
 #include "cpu/decode.hpp"
 
-#include <cmath>
 #include <cstdint>
 #include <vector>
 
@@ -25,11 +24,6 @@ namespace {
 constexpr const char* kOp = "mla_decode";
 
 bool is_fp8_dtype(DType d) { return d == DType::kFp8E4m3 || d == DType::kU8; }
-
-void check_positive_finite(const char* name, float value) {
-  require(std::isfinite(value) && value > 0.0f, ErrorCode::kInvalidArgument, kOp, ": ", name,
-          " must be finite and > 0, got ", value);
-}
 
 int64_t read_i32(const TensorView& t, int64_t offset) {
   return static_cast<const int32_t*>(t.data)[offset];
@@ -166,9 +160,9 @@ cpu::DecodeProblem validate(const TensorView& q, const TensorView& kv_cache,
   check_dtype(kOp, "seq_lens", seq_lens, {DType::kI32});
   check_size(kOp, "seq_lens", seq_lens, 0, batch);
 
-  check_positive_finite("scale", params.scale);
-  check_positive_finite("q_scale", params.q_scale);
-  check_positive_finite("k_scale", params.k_scale);
+  detail::check_positive_finite(kOp, "scale", params.scale);
+  detail::check_positive_finite(kOp, "q_scale", params.q_scale);
+  detail::check_positive_finite(kOp, "k_scale", params.k_scale);
 
   check_schedule_shape(schedule, batch);
   check_dtype(kOp, "split_workspace", workspace, {DType::kF32});

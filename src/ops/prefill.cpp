@@ -2,7 +2,6 @@
 #include "cpu/prefill.hpp"
 
 #include <algorithm>
-#include <cmath>
 #include <cstdint>
 #include <optional>
 #include <vector>
@@ -74,8 +73,7 @@ void check_prefill_layout(const TensorView& q, const TensorView& k_nope, const T
     check_size(kOp, "lse_heads_tokens", lse, 0, heads);
     check_size(kOp, "lse_heads_tokens", lse, 1, tokens);
   }
-  require(std::isfinite(scale) && scale > 0.0f, ErrorCode::kInvalidArgument, kOp,
-          ": scale must be finite and > 0, got ", scale);
+  check_positive_finite(kOp, "scale", scale);
 }
 
 // Host copy of a cu_seqlens tensor, checked: starts at 0, non-decreasing, last entry <= limit,

@@ -7,11 +7,12 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
-#include <numeric>
 #include <optional>
 #include <sstream>
 #include <vector>
 
+#include "common/fp8_reference.hpp"
+#include "common/paged_cache.hpp"
 #include "common/test_util.hpp"
 #include "mlakit/dtype.hpp"
 #include "mlakit/error.hpp"
@@ -21,103 +22,10 @@
 namespace mlakit {
 namespace {
 
-// e4m3fn by definition: sign, 4 exponent bits (bias 7), 3 mantissa bits; 0x7f / 0xff are NaN.
-double e4m3_value(int code) {
-  const int e = (code >> 3) & 15, m = code & 7;
-  if (e == 15 && m == 7) return std::nan("");
-  const double magnitude = e == 0 ? std::ldexp(m, -9) : std::ldexp(1.0 + m / 8.0, e - 7);
-  return (code & 0x80) ? -magnitude : magnitude;
-}
+// ---- a random paged batch (common/paged_cache.hpp) ---------------------------------------------
 
-// A random finite e4m3 code (0x7f and 0xff are NaN).
-uint8_t random_fp8_code(std::mt19937_64& rng) {
-  std::uniform_int_distribution<int> code(0, 253);
-  const int c = code(rng);
-  return static_cast<uint8_t>(c < 0x7f ? c : c + 1);  // skip 0x7f; 253 + 1 = 0xfe < 0xff
-}
-
-// ---- a random paged batch -----------------------------------------------------------------------
-
-struct Batch {
-  std::vector<int64_t> lens = {};    // per request
-  std::vector<int64_t> starts = {};  // per request; empty: seq_starts absent
-  int64_t block_size = 16;
-  int64_t num_blocks = 64;
-};
-
-struct BatchTensors {
-  Tensor block_table;   // i32 [B, width]
-  Tensor cu_seq_lens;   // i32 [B + 1]
-  Tensor token_to_seq;  // i32 [num_tokens + 3] (3 junk entries past num_tokens)
-  std::optional<Tensor> seq_starts;
-  std::vector<int64_t> table, cu, seq_of_token;  // host copies for the reference
-  int64_t width = 0, num_tokens = 0;
-};
-
-int64_t start_of(const Batch& b, size_t request) {
-  return b.starts.empty() ? 0 : b.starts[request];
-}
-
-// Each block-table row is a random permutation prefix of all blocks (rows may share blocks).
-BatchTensors make_batch_tensors(std::mt19937_64& rng, const Batch& batch) {
-  BatchTensors bt;
-  const int64_t requests = static_cast<int64_t>(batch.lens.size());
-  bt.cu.push_back(0);
-  for (int64_t r = 0; r < requests; ++r) {
-    bt.cu.push_back(bt.cu.back() + batch.lens[r]);
-    const int64_t end = start_of(batch, r) + batch.lens[r];
-    bt.width = std::max(bt.width, (end + batch.block_size - 1) / batch.block_size);
-    bt.seq_of_token.insert(bt.seq_of_token.end(), batch.lens[r], r);
-  }
-  bt.width += 1;  // a spare column: the table may be wider than any request needs
-  EXPECT_LE(bt.width, batch.num_blocks) << "test setup: too few blocks for a permutation row";
-  std::vector<int64_t> blocks(batch.num_blocks);
-  std::iota(blocks.begin(), blocks.end(), 0);
-  for (int64_t r = 0; r < requests; ++r) {
-    std::shuffle(blocks.begin(), blocks.end(), rng);
-    bt.table.insert(bt.table.end(), blocks.begin(), blocks.begin() + bt.width);
-  }
-  bt.num_tokens = bt.cu.back();
-  bt.block_table = test::int_tensor(bt.table, {requests, bt.width}, DType::kI32);
-  bt.cu_seq_lens = test::int_tensor(bt.cu, {requests + 1}, DType::kI32);
-  std::vector<int64_t> padded = bt.seq_of_token;
-  padded.insert(padded.end(), {1 << 30, -7, 1 << 30});  // never read: past num_tokens
-  bt.token_to_seq = test::int_tensor(padded, {static_cast<int64_t>(padded.size())}, DType::kI32);
-  if (!batch.starts.empty())
-    bt.seq_starts = test::int_tensor(batch.starts, {requests}, DType::kI32);
-  return bt;
-}
-
-// Cache entry (block, offset) of the source for position `pos` of request r.
-std::pair<int64_t, int64_t> locate(const Batch& batch, const BatchTensors& bt, int64_t r,
-                                   int64_t pos) {
-  return {bt.table[r * bt.width + pos / batch.block_size], pos % batch.block_size};
-}
-
-// A random valid cache of the given format: activation values, finite fp8 codes, or ds_mla
-// entries with positive tile scales and rope values in `rope_dtype`.
-Tensor random_cache(std::mt19937_64& rng, const Batch& batch, KvCacheDType kv, DType cache_dtype,
-                    int64_t width, DType rope_dtype) {
-  if (kv == KvCacheDType::kAuto)
-    return test::random_tensor(rng, {batch.num_blocks, batch.block_size, width}, cache_dtype);
-  Tensor cache = Tensor::empty({batch.num_blocks, batch.block_size, width}, cache_dtype);
-  auto* bytes = cache.data<uint8_t>();
-  for (int64_t i = 0; i < cache.numel(); ++i) bytes[i] = random_fp8_code(rng);
-  if (kv == KvCacheDType::kFp8DsMla) {
-    std::uniform_real_distribution<double> log_scale(-12, 2);
-    std::normal_distribution<double> value(0, 1);
-    for (int64_t e = 0; e < batch.num_blocks * batch.block_size; ++e) {
-      uint8_t* entry = bytes + e * width;
-      for (int tile = 0; tile < 4; ++tile) {  // f32 scales at bytes [512, 528)
-        const float s = static_cast<float>(std::exp2(log_scale(rng)));
-        std::memcpy(entry + 512 + 4 * tile, &s, 4);
-      }
-      for (int i = 0; i < 64; ++i)  // 16-bit rope at bytes [528, 656)
-        store_float(entry + 528, rope_dtype, i, static_cast<float>(value(rng)));
-    }
-  }
-  return cache;
-}
+using Batch = test::PagedBatch;
+using test::random_paged_batch;
 
 // The value dst[t, i] must hold: the cache entry dequantized in f32 and rounded to dst_dtype.
 double expected_value(KvCacheDType kv, DType cache_dtype, DType dst_dtype, float scale,
@@ -126,12 +34,12 @@ double expected_value(KvCacheDType kv, DType cache_dtype, DType dst_dtype, float
     case KvCacheDType::kAuto:
       return round_to_dtype(load_float(entry, cache_dtype, i), dst_dtype);
     case KvCacheDType::kFp8E4m3:  // exact double product, rounded to f32, then to dst
-      return round_to_dtype(static_cast<float>(e4m3_value(entry[i]) * scale), dst_dtype);
+      return round_to_dtype(static_cast<float>(test::e4m3_value(entry[i]) * scale), dst_dtype);
     case KvCacheDType::kFp8DsMla: {
       if (i >= 512) return load_float(entry + 528, dst_dtype, i - 512);  // rope bits, as stored
       float tile_scale;
       std::memcpy(&tile_scale, entry + 512 + 4 * (i / 128), 4);
-      return round_to_dtype(static_cast<float>(e4m3_value(entry[i]) * tile_scale), dst_dtype);
+      return round_to_dtype(static_cast<float>(test::e4m3_value(entry[i]) * tile_scale), dst_dtype);
     }
   }
   return NAN;
@@ -162,25 +70,26 @@ void run_gather_case(const GatherCase& c) {
   const bool ds = c.kv == KvCacheDType::kFp8DsMla;
   const DType cache_dtype = c.kv == KvCacheDType::kAuto ? c.cache_dtype : DType::kU8;
   const int64_t entry_width = ds ? 656 : c.width;
-  const Tensor cache = random_cache(rng, c.batch, c.kv, cache_dtype, entry_width, c.dst_dtype);
-  const BatchTensors bt = make_batch_tensors(rng, c.batch);
+  const Tensor cache =
+      test::random_paged_cache(rng, c.batch, c.kv, cache_dtype, entry_width, c.dst_dtype);
+  const test::PagedIndices ix = test::make_paged_indices(rng, c.batch);
 
   // dst: [num_tokens + 2, W] inside a NaN-poisoned [num_tokens + 2, W + 24] buffer.
-  const int64_t rows = bt.num_tokens + 2, pad = 24;
+  const int64_t rows = ix.num_tokens + 2, pad = 24;
   const Tensor buffer = test::nan_tensor({rows, c.width + pad}, c.dst_dtype);
   const TensorView dst = buffer.view().narrow(1, 0, c.width);
-  std::optional<TensorView> seq_starts;
-  if (bt.seq_starts) seq_starts = bt.seq_starts->view();
+  const std::optional<Tensor> seq_starts = ix.seq_starts();
 
-  ops::gather_and_maybe_dequant_cache(cache, dst, bt.block_table, bt.cu_seq_lens, bt.token_to_seq,
-                                      bt.num_tokens, c.kv, c.scale, seq_starts);
+  ops::gather_and_maybe_dequant_cache(cache, dst, ix.block_table(), ix.cu_seq_lens(),
+                                      ix.token_to_seq(), ix.num_tokens, c.kv, c.scale,
+                                      test::optional_view(seq_starts));
 
   std::vector<double> expected(buffer.numel(), NAN);
   const int64_t entry_bytes = entry_width * dtype_size(cache_dtype);
-  for (int64_t t = 0; t < bt.num_tokens; ++t) {
-    const int64_t r = bt.seq_of_token[t];
-    const int64_t pos = t - bt.cu[r] + start_of(c.batch, r);
-    const auto [block, offset] = locate(c.batch, bt, r, pos);
+  for (int64_t t = 0; t < ix.num_tokens; ++t) {
+    const int64_t r = ix.seq_of_token[t];
+    const int64_t pos = t - ix.cu[r] + ix.start_of(r);
+    const auto [block, offset] = ix.locate(r, pos);
     const uint8_t* entry =
         cache.data<uint8_t>() + (block * c.batch.block_size + offset) * entry_bytes;
     for (int64_t i = 0; i < c.width; ++i) {
@@ -198,20 +107,6 @@ Batch d4_batch() {
   return {.lens = std::vector<int64_t>(8, 128), .block_size = 16, .num_blocks = 128};
 }
 
-// Random lengths (zero included, rarely multiples of bs) and token-granular starts.
-Batch random_batch(std::mt19937_64& rng, int64_t requests, int64_t block_size, bool starts) {
-  constexpr int64_t kMaxLen = 70, kMaxStart = 90;  // several blocks per request at bs 16
-  std::uniform_int_distribution<int64_t> len(0, kMaxLen), start(0, kMaxStart);
-  // Enough blocks for a permutation row of the widest possible request (plus the spare column).
-  const int64_t blocks = std::max<int64_t>(64, (kMaxLen + kMaxStart) / block_size + 2);
-  Batch b{.block_size = block_size, .num_blocks = blocks};
-  for (int64_t r = 0; r < requests; ++r) {
-    b.lens.push_back(r == 1 ? 0 : len(rng));  // request 1 is always empty
-    if (starts) b.starts.push_back(start(rng));
-  }
-  return b;
-}
-
 TEST(GatherAndMaybeDequantCache, D4SizesAutoAndFp8) {
   run_gather_case(
       {.batch = d4_batch(), .kv = KvCacheDType::kAuto, .cache_dtype = DType::kF32, .stream = 0});
@@ -223,7 +118,7 @@ TEST(GatherAndMaybeDequantCache, AutoCastsToEveryDstDtype) {
   uint64_t stream = 10;
   for (DType cache : {DType::kF32, DType::kBF16, DType::kF16}) {
     for (DType dst : {DType::kF32, DType::kBF16, DType::kF16}) {
-      run_gather_case({.batch = random_batch(rng, 5, 16, true),
+      run_gather_case({.batch = random_paged_batch(rng, 5, 16, true),
                        .kv = KvCacheDType::kAuto,
                        .cache_dtype = cache,
                        .dst_dtype = dst,
@@ -238,7 +133,7 @@ TEST(GatherAndMaybeDequantCache, Fp8TimesScaleToEveryDstDtype) {
   uint64_t stream = 20;
   for (DType dst : {DType::kF32, DType::kBF16, DType::kF16}) {
     for (float scale : {0.1f, 1.0f, 3.0f}) {
-      run_gather_case({.batch = random_batch(rng, 6, 7, stream % 2 == 0),
+      run_gather_case({.batch = random_paged_batch(rng, 6, 7, stream % 2 == 0),
                        .kv = KvCacheDType::kFp8E4m3,
                        .dst_dtype = dst,
                        .scale = scale,
@@ -251,7 +146,7 @@ TEST(GatherAndMaybeDequantCache, DsMlaTileScalesAndRopeBits) {
   auto rng = test::make_rng(30);
   uint64_t stream = 30;
   for (DType dst : {DType::kBF16, DType::kF16}) {
-    run_gather_case({.batch = random_batch(rng, 4, 16, true),
+    run_gather_case({.batch = random_paged_batch(rng, 4, 16, true),
                      .kv = KvCacheDType::kFp8DsMla,
                      .dst_dtype = dst,
                      .stream = stream++});
@@ -260,7 +155,7 @@ TEST(GatherAndMaybeDequantCache, DsMlaTileScalesAndRopeBits) {
 
 TEST(GatherAndMaybeDequantCache, BlockSizeOneAndNoTokens) {
   auto rng = test::make_rng(40);
-  run_gather_case({.batch = random_batch(rng, 3, 1, true),
+  run_gather_case({.batch = random_paged_batch(rng, 3, 1, true),
                    .kv = KvCacheDType::kAuto,
                    .width = 9,
                    .stream = 40});
@@ -287,25 +182,23 @@ void run_cp_gather_case(const CpCase& c) {
   Tensor cache = Tensor::empty({c.batch.num_blocks, c.batch.block_size, c.width}, c.dtype);
   auto* cache_bytes = cache.data<uint8_t>();
   for (int64_t i = 0; i < cache.numel() * es; ++i) cache_bytes[i] = static_cast<uint8_t>(rng());
-  BatchTensors bt = make_batch_tensors(rng, c.batch);
-  for (int64_t& v : bt.cu) v += c.first_row;
-  bt.cu_seq_lens = test::int_tensor(bt.cu, {static_cast<int64_t>(bt.cu.size())}, DType::kI32);
+  test::PagedIndices ix = test::make_paged_indices(rng, c.batch);
+  for (int64_t& v : ix.cu) v += c.first_row;
 
-  const int64_t rows = bt.cu.back() + 2, pad = 8;
+  const int64_t rows = ix.cu.back() + 2, pad = 8;
   const Tensor buffer = test::nan_tensor({rows, c.width + pad}, c.dtype);
   const TensorView dst = buffer.view().narrow(1, 0, c.width);
   std::vector<uint8_t> expected(buffer.data<uint8_t>(),
                                 buffer.data<uint8_t>() + buffer.numel() * es);
-  std::optional<TensorView> seq_starts;
-  if (bt.seq_starts) seq_starts = bt.seq_starts->view();
-  const int64_t batch = static_cast<int64_t>(c.batch.lens.size());
+  const std::optional<Tensor> seq_starts = ix.seq_starts();
 
-  ops::cp_gather_cache(cache, dst, bt.block_table, bt.cu_seq_lens, batch, seq_starts);
+  ops::cp_gather_cache(cache, dst, ix.block_table(), ix.cu_seq_lens(), ix.batch,
+                       test::optional_view(seq_starts));
 
-  for (int64_t r = 0; r < batch; ++r) {
+  for (int64_t r = 0; r < ix.batch; ++r) {
     for (int64_t p = 0; p < c.batch.lens[r]; ++p) {
-      const auto [block, offset] = locate(c.batch, bt, r, start_of(c.batch, r) + p);
-      std::memcpy(&expected[(bt.cu[r] + p) * (c.width + pad) * es],
+      const auto [block, offset] = ix.locate(r, ix.start_of(r) + p);
+      std::memcpy(&expected[(ix.cu[r] + p) * (c.width + pad) * es],
                   cache_bytes + (block * c.batch.block_size + offset) * c.width * es, c.width * es);
     }
   }
@@ -324,10 +217,10 @@ TEST(CpGatherCache, RawCopyOfEveryEntryFormat) {
   uint64_t stream = 50;
   for (DType dtype : {DType::kF32, DType::kBF16, DType::kF16, DType::kFp8E4m3}) {
     run_cp_gather_case(
-        {.batch = random_batch(rng, 6, 16, true), .dtype = dtype, .stream = stream++});
+        {.batch = random_paged_batch(rng, 6, 16, true), .dtype = dtype, .stream = stream++});
   }
   // fp8_ds_mla entries: 656 raw bytes.
-  run_cp_gather_case({.batch = random_batch(rng, 5, 16, true),
+  run_cp_gather_case({.batch = random_paged_batch(rng, 5, 16, true),
                       .dtype = DType::kU8,
                       .width = 656,
                       .stream = stream++});
@@ -338,7 +231,7 @@ TEST(CpGatherCache, D4SizesWithoutStartsAndOffsetRows) {
   Batch b = d4_batch();
   for (int64_t& len : b.lens) len = std::uniform_int_distribution<int64_t>(0, 128)(rng);
   run_cp_gather_case({.batch = b, .dtype = DType::kBF16, .stream = 60});
-  run_cp_gather_case({.batch = random_batch(rng, 7, 5, true),
+  run_cp_gather_case({.batch = random_paged_batch(rng, 7, 5, true),
                       .dtype = DType::kF32,
                       .width = 33,
                       .first_row = 5,

@@ -1,5 +1,5 @@
 // concat_and_cache_mla (spec A.3, D.4) against a per-token reference written here: the cache is
-// poisoned with NaN, every written entry is rebuilt independently (bit copy, an exhaustive-search
+// poisoned with NaN, every written entry is rebuilt independently (bit copy, a search-based
 // e4m3 encoder, the ds_mla tile layout) and the whole cache buffer, padding and unused slots
 // included, must match byte for byte.
 #include <gtest/gtest.h>
@@ -8,11 +8,11 @@
 #include <cfloat>
 #include <cmath>
 #include <cstring>
-#include <limits>
-#include <numeric>
-#include <sstream>
+#include <string>
 #include <vector>
 
+#include "common/cache_write_inputs.hpp"
+#include "common/fp8_reference.hpp"
 #include "common/test_util.hpp"
 #include "mlakit/dtype.hpp"
 #include "mlakit/error.hpp"
@@ -22,83 +22,24 @@
 namespace mlakit {
 namespace {
 
-// ---- independent e4m3 encoder -------------------------------------------------------------------
-
-// e4m3fn by definition: sign, 4 exponent bits (bias 7), 3 mantissa bits; 0x7f / 0xff are NaN.
-double e4m3_value(int code) {
-  const int e = (code >> 3) & 15, m = code & 7;
-  if (e == 15 && m == 7) return std::nan("");
-  const double magnitude = e == 0 ? std::ldexp(m, -9) : std::ldexp(1.0 + m / 8.0, e - 7);
-  return (code & 0x80) ? -magnitude : magnitude;
-}
-
-// The nearest e4m3 code by searching the sorted table of the 127 finite magnitudes (codes 0x00 to
-// 0x7e increase with the code), ties to the even code, saturating at 448 (code 0x7e).
-uint8_t e4m3_nearest(double x) {
-  static const std::vector<double> magnitudes = [] {
-    std::vector<double> m;
-    for (int code = 0; code < 0x7f; ++code) m.push_back(e4m3_value(code));
-    return m;
-  }();
-  if (std::isnan(x)) return std::signbit(x) ? 0xff : 0x7f;
-  const double a = std::min(std::fabs(x), 448.0);
-  const auto hi = std::lower_bound(magnitudes.begin(), magnitudes.end(), a);  // first >= a
-  int code = static_cast<int>(hi - magnitudes.begin());
-  if (code > 0) {
-    const double below = a - magnitudes[code - 1], above = magnitudes[code] - a;
-    if (below < above || (below == above && (code - 1) % 2 == 0)) code -= 1;
-  }
-  return static_cast<uint8_t>(code | (std::signbit(x) ? 0x80 : 0));
-}
+// ---- the independent e4m3 encoder (common/fp8_reference.hpp) ----------------------------------
 
 TEST(CacheWriteReference, EncoderRoundsTiesToEvenAndSaturates) {
-  EXPECT_EQ(e4m3_nearest(448.0), 0x7e);
-  EXPECT_EQ(e4m3_nearest(1e9), 0x7e);
-  EXPECT_EQ(e4m3_nearest(-1e9), 0xfe);
-  EXPECT_EQ(e4m3_nearest(1.0625), 0x38);  // between 1 (0x38) and 1.125 (0x39): even code wins
-  EXPECT_EQ(e4m3_nearest(1.1875), 0x3a);  // between 1.125 (0x39) and 1.25 (0x3a)
-  EXPECT_EQ(e4m3_nearest(0.0), 0x00);
+  EXPECT_EQ(test::e4m3_nearest(448.0), 0x7e);
+  EXPECT_EQ(test::e4m3_nearest(1e9), 0x7e);
+  EXPECT_EQ(test::e4m3_nearest(-1e9), 0xfe);
+  EXPECT_EQ(test::e4m3_nearest(1.0625), 0x38);  // between 1 (0x38) and 1.125 (0x39): even code wins
+  EXPECT_EQ(test::e4m3_nearest(1.1875), 0x3a);  // between 1.125 (0x39) and 1.25 (0x3a)
+  EXPECT_EQ(test::e4m3_nearest(0.0), 0x00);
   for (int code = 0; code < 0x7f; ++code) {
-    EXPECT_EQ(e4m3_nearest(e4m3_value(code)), code);
-    EXPECT_EQ(e4m3_nearest(-e4m3_value(code)), code | 0x80);
+    EXPECT_EQ(test::e4m3_nearest(test::e4m3_value(code)), code);
+    EXPECT_EQ(test::e4m3_nearest(-test::e4m3_value(code)), code | 0x80);
   }
 }
 
 // ---- one write case -----------------------------------------------------------------------------
 
-struct WriteCase {
-  int64_t num_tokens = 42;  // slot_mapping length
-  int64_t extra_rows = 0;   // kv_c / k_pe rows beyond num_tokens (CUDA-graph padding)
-  int64_t latent = 512;     // L
-  int64_t rope = 64;        // R
-  int64_t block_size = 16;
-  int64_t num_blocks = 8;
-  DType act = DType::kBF16;
-  KvCacheDType kv_dtype = KvCacheDType::kAuto;
-  float k_scale = 1.0f;
-  bool sliced_inputs = false;  // kv_c and k_pe are column slices of one kv_lora tensor
-  int64_t input_pad = 0;       // kv_lora is [T', L + R + input_pad] (0: vLLM's [T', 576])
-  bool strided_cache = false;  // the cache is a transposed view of a padded [bs, nb, W + 8] buffer
-  bool bit_patterns = false;   // f32 inputs with raw bit patterns around e4m3's range, inf, NaN
-  double skip_fraction = 0.2;  // share of tokens with slot -1
-  uint64_t stream = 0;         // rng stream
-};
-
-std::string describe(const WriteCase& c) {
-  std::ostringstream os;
-  os << "T=" << c.num_tokens << "+" << c.extra_rows << " L=" << c.latent << " R=" << c.rope
-     << " bs=" << c.block_size << " nb=" << c.num_blocks << " act=" << dtype_name(c.act)
-     << " kv=" << kv_cache_dtype_name(c.kv_dtype) << " k_scale=" << c.k_scale
-     << " sliced=" << c.sliced_inputs << "+" << c.input_pad << " strided_cache=" << c.strided_cache;
-  return os.str();
-}
-
-int64_t entry_width(const WriteCase& c) {
-  return c.kv_dtype == KvCacheDType::kFp8DsMla ? kDsMlaEntryBytes : c.latent + c.rope;
-}
-DType cache_dtype(const WriteCase& c) {
-  return c.kv_dtype == KvCacheDType::kAuto ? c.act : DType::kU8;
-}
+using WriteCase = test::CacheWriteCase;
 
 // Expected bytes of token t's entry, built from the inputs without the code under test.
 std::vector<uint8_t> expected_entry(const WriteCase& c, const TensorView& kv_c,
@@ -114,9 +55,9 @@ std::vector<uint8_t> expected_entry(const WriteCase& c, const TensorView& kv_c,
       break;
     case KvCacheDType::kFp8E4m3:
       for (int64_t i = 0; i < c.latent; ++i)
-        entry.push_back(e4m3_nearest(load_float(kv_c_row, c.act, i) / c.k_scale));
+        entry.push_back(test::e4m3_nearest(load_float(kv_c_row, c.act, i) / c.k_scale));
       for (int64_t i = 0; i < c.rope; ++i)
-        entry.push_back(e4m3_nearest(load_float(k_pe_row, c.act, i) / c.k_scale));
+        entry.push_back(test::e4m3_nearest(load_float(k_pe_row, c.act, i) / c.k_scale));
       break;
     case KvCacheDType::kFp8DsMla: {
       entry.assign(kDsMlaEntryBytes, 0);
@@ -127,7 +68,7 @@ std::vector<uint8_t> expected_entry(const WriteCase& c, const TensorView& kv_c,
         const float scale = std::max(amax / 448.0f, FLT_MIN);  // spec A.2, computed in f32
         std::memcpy(&entry[512 + 4 * tile], &scale, 4);        // f32 scales follow the NoPE bytes
         for (int64_t i = tile * 128; i < (tile + 1) * 128; ++i)
-          entry[i] = e4m3_nearest(load_float(kv_c_row, c.act, i) / scale);
+          entry[i] = test::e4m3_nearest(load_float(kv_c_row, c.act, i) / scale);
       }
       std::memcpy(&entry[528], k_pe_row, 64 * 2);  // rope: 64 16-bit values after the scales
       break;
@@ -137,88 +78,32 @@ std::vector<uint8_t> expected_entry(const WriteCase& c, const TensorView& kv_c,
 }
 
 void run_write_case(const WriteCase& c) {
-  SCOPED_TRACE(describe(c));
+  SCOPED_TRACE(test::describe(c));
   auto rng = test::make_rng(1000 + c.stream);
-  const int64_t rows = c.num_tokens + c.extra_rows;
-
-  // Inputs: [T', L] and [T', R], dense or column slices of kv_lora (row stride L + R + pad).
-  Tensor kv_lora, kv_c_dense, k_pe_dense;
-  TensorView kv_c, k_pe;
-  if (c.sliced_inputs) {
-    kv_lora = test::random_tensor(rng, {rows, c.latent + c.rope + c.input_pad}, c.act);
-    kv_c = kv_lora.view().narrow(1, 0, c.latent);
-    k_pe = kv_lora.view().narrow(1, c.latent, c.rope);
-  } else {
-    kv_c_dense = test::random_tensor(rng, {rows, c.latent}, c.act);
-    k_pe_dense = test::random_tensor(rng, {rows, c.rope}, c.act);
-    kv_c = kv_c_dense;
-    k_pe = k_pe_dense;
-  }
-  if (c.bit_patterns) {
-    // Exponents 2^-22 .. 2^10 cover e4m3's subnormals, normals and saturation; every 16th value
-    // is a fully random pattern (f32 subnormals, inf, NaN of either sign).
-    std::uniform_int_distribution<uint32_t> bits, exponent(127 - 22, 127 + 10);
-    for (const TensorView& v : {kv_c, k_pe}) {
-      for (int64_t r = 0; r < rows; ++r) {
-        auto* row = static_cast<uint32_t*>(v.data) + r * v.strides[0];
-        for (int64_t i = 0; i < v.shape[1]; ++i) {
-          const uint32_t u = bits(rng);
-          row[i] = (r * v.shape[1] + i) % 16 == 0 ? u : (u & 0x807fffffu) | (exponent(rng) << 23);
-        }
-      }
-    }
-    const float special[] = {INFINITY, -INFINITY, NAN,     -NAN,    FLT_MAX,
-                             448.0f,   464.0f,    -480.0f, FLT_MIN, 1e-40f /* f32 subnormal */,
-                             0.0f,     -0.0f};
-    for (int i = 0; i < 12 && rows > 0; ++i) store_float(kv_c.data, DType::kF32, i, special[i]);
-  } else if (c.kv_dtype == KvCacheDType::kFp8E4m3 && rows > 0) {
-    // Values far beyond 448 * k_scale must saturate to +-448. Then midpoints between two e4m3
-    // values times k_scale (exact in every act dtype for k_scale 1, 3 and 7): x / k_scale is a
-    // tie that rounds to the even code, where x * (1 / k_scale) lands past the tie for k_scale 7.
-    const float special[] = {1000.0f, -1000.0f, 1.0625f, -1.8125f, 0.0048828125f, 200.0f};
-    for (int i = 0; i < 6; ++i) store_float(kv_c.data, c.act, i, special[i] * c.k_scale);
-  }
-  if (c.kv_dtype == KvCacheDType::kFp8DsMla && rows > 0) {
-    for (int64_t i = 0; i < 128; ++i) store_float(kv_c.data, c.act, i, 0.0f);  // all-zero tile
-  }
-
-  // Cache, poisoned: dense [nb, bs, W], or [nb, bs, W] viewed in a [bs, nb, W + 8] buffer.
-  const int64_t width = entry_width(c);
-  const DType storage = cache_dtype(c);
-  Tensor buffer = c.strided_cache
-                      ? test::nan_tensor({c.block_size, c.num_blocks, width + 8}, storage)
-                      : test::nan_tensor({c.num_blocks, c.block_size, width}, storage);
-  const TensorView cache =
-      c.strided_cache ? buffer.view().transpose(0, 1).narrow(2, 0, width) : buffer.view();
-  const int64_t buffer_bytes = buffer.numel() * dtype_size(storage);
+  const test::CacheWriteInputs in = test::make_cache_write_inputs(rng, c);
+  const TensorView& cache = in.cache;
+  const int64_t width = test::cache_entry_width(c);
+  const int64_t es = dtype_size(test::cache_storage_dtype(c));
+  const int64_t buffer_bytes = in.cache_buffer.numel() * es;
   std::vector<uint8_t> expected(buffer_bytes);
-  std::memcpy(expected.data(), buffer.data<uint8_t>(), buffer_bytes);
+  std::memcpy(expected.data(), in.cache_buffer.data<uint8_t>(), buffer_bytes);
 
-  // Distinct random slots; some tokens skipped with slot -1.
-  std::vector<int64_t> all_slots(c.num_blocks * c.block_size);
-  std::iota(all_slots.begin(), all_slots.end(), 0);
-  std::shuffle(all_slots.begin(), all_slots.end(), rng);
-  std::bernoulli_distribution skip(c.skip_fraction);
-  std::vector<int64_t> slots(all_slots.begin(), all_slots.begin() + c.num_tokens);
-  for (int64_t& s : slots) s = skip(rng) ? -1 : s;
-  const Tensor slot_mapping = test::int_tensor(slots, {c.num_tokens}, DType::kI64);
+  ops::concat_and_cache_mla(in.kv_c, in.k_pe, cache, in.slot_mapping, c.kv_dtype, c.k_scale);
 
-  ops::concat_and_cache_mla(kv_c, k_pe, cache, slot_mapping, c.kv_dtype, c.k_scale);
-
-  const int64_t es = dtype_size(storage);
-  std::vector<int64_t> token_of_slot(all_slots.size(), -1);
+  std::vector<int64_t> token_of_slot(c.num_blocks * c.block_size, -1);
   for (int64_t t = 0; t < c.num_tokens; ++t) {
-    if (slots[t] < 0) continue;
-    token_of_slot[slots[t]] = t;
-    const int64_t block = slots[t] / c.block_size, offset = slots[t] % c.block_size;
-    const std::vector<uint8_t> entry = expected_entry(c, kv_c, k_pe, t);
+    const int64_t slot = in.slots[t];
+    if (slot < 0) continue;
+    token_of_slot[slot] = t;
+    const int64_t block = slot / c.block_size, offset = slot % c.block_size;
+    const std::vector<uint8_t> entry = expected_entry(c, in.kv_c, in.k_pe, t);
     ASSERT_EQ(static_cast<int64_t>(entry.size()), width * es);
     std::memcpy(&expected[(block * cache.strides[0] + offset * cache.strides[1]) * es],
                 entry.data(), entry.size());
   }
 
   // Byte-exact over the whole buffer; report the first difference by slot and byte.
-  const auto* actual = buffer.data<uint8_t>();
+  const auto* actual = in.cache_buffer.data<uint8_t>();
   int64_t mismatches = 0, first = -1;
   for (int64_t i = 0; i < buffer_bytes; ++i) {
     if (actual[i] != expected[i]) {
@@ -312,23 +197,10 @@ TEST(ConcatAndCacheMla, StridedCacheAndPaddedInputs) {
 
 TEST(ConcatAndCacheMla, RandomSizes) {
   auto rng = test::make_rng(400);
-  std::uniform_int_distribution<int64_t> latent(1, 96), rope(1, 40), blocks(1, 12), extra(0, 4);
-  const int64_t block_sizes[] = {1, 5, 16, 64};
+  std::uniform_int_distribution<int64_t> extra(0, 4);
   for (uint64_t i = 0; i < 12; ++i) {
-    WriteCase c;
-    c.kv_dtype = i % 3 == 0 ? KvCacheDType::kAuto : KvCacheDType::kFp8E4m3;
-    c.act = kActDtypes[i % 3];
-    c.latent = latent(rng);
-    c.rope = rope(rng);
-    c.block_size = block_sizes[i % 4];
-    c.num_blocks = blocks(rng);
-    c.num_tokens = std::uniform_int_distribution<int64_t>(0, c.num_blocks * c.block_size)(rng);
+    WriteCase c = test::random_cache_write_case(rng, i);
     c.extra_rows = extra(rng);
-    c.k_scale = i % 2 ? 0.25f : 2.0f;
-    c.sliced_inputs = i % 2 == 0;
-    c.input_pad = i % 4 == 0 ? 3 : 0;
-    c.strided_cache = i % 4 == 1;
-    c.stream = 500 + i;
     run_write_case(c);
   }
 }

@@ -11,6 +11,7 @@
 #include <numeric>
 #include <vector>
 
+#include "common/fp8_reference.hpp"
 #include "common/test_util.hpp"
 #include "mlakit/dtype.hpp"
 #include "mlakit/error.hpp"
@@ -24,15 +25,6 @@ namespace {
 
 constexpr float kDeepSeekScale = 0.1352338f;  // DeepSeek-V3's softmax scale (DESIGN.md §1)
 constexpr double kNegInf = -std::numeric_limits<double>::infinity();
-
-// e4m3fn by definition (sign, 4 exponent bits with bias 7, 3 mantissa bits; 0x7f NaN), written
-// independently of the library's table.
-double e4m3_value(uint8_t b) {
-  const int e = (b >> 3) & 15, m = b & 7;
-  if (e == 15 && m == 7) return std::nan("");
-  const double mag = e == 0 ? std::ldexp(m, -9) : std::ldexp(1.0 + m / 8.0, e - 7);
-  return (b & 0x80) ? -mag : mag;
-}
 
 struct Case {
   std::vector<int32_t> seq_lens;
@@ -80,7 +72,7 @@ std::vector<double> write_entry(const Case& c, uint8_t* entry, const std::vector
     case KvCacheDType::kFp8E4m3:
       for (int64_t i = 0; i < d; ++i) {
         entry[i] = float_to_e4m3_bits(x[i] / c.k_scale);
-        seen[i] = e4m3_value(entry[i]) * c.k_scale;
+        seen[i] = test::e4m3_value(entry[i]) * c.k_scale;
       }
       break;
     case KvCacheDType::kFp8DsMla: {
@@ -93,7 +85,7 @@ std::vector<double> write_entry(const Case& c, uint8_t* entry, const std::vector
         for (int64_t i = 0; i < kDsMlaTileSize; ++i) {
           const int64_t k = t * kDsMlaTileSize + i;
           entry[k] = float_to_e4m3_bits(x[k] / tile_scale);
-          seen[k] = e4m3_value(entry[k]) * tile_scale;
+          seen[k] = test::e4m3_value(entry[k]) * tile_scale;
         }
       }
       uint8_t* rope = entry + kDsMlaRopeOffset;
@@ -159,7 +151,7 @@ Inputs make_inputs(const Case& c, std::mt19937_64& rng) {
       if (fp8_q) {
         const uint8_t byte = float_to_e4m3_bits(x * (1.0f / c.q_scale));
         static_cast<uint8_t*>(in.q_storage.view().data)[at] = byte;
-        in.q_seen[row * d + i] = e4m3_value(byte) * c.q_scale;
+        in.q_seen[row * d + i] = test::e4m3_value(byte) * c.q_scale;
       } else {
         store_float(in.q_storage.view().data, c.q_dtype, at, x);
         in.q_seen[row * d + i] = load_float(in.q_storage.view().data, c.q_dtype, at);

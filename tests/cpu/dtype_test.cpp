@@ -6,6 +6,7 @@
 #include <cmath>
 #include <limits>
 
+#include "common/fp8_reference.hpp"
 #include "common/test_util.hpp"
 #include "mlakit/error.hpp"
 #include "mlakit/types.hpp"
@@ -13,17 +14,9 @@
 namespace mlakit {
 namespace {
 
-// e4m3fn by definition: sign, 4 exponent bits (bias 7), 3 mantissa bits; 0x7f/0xff NaN.
-double e4m3_by_definition(int b) {
-  const int e = (b >> 3) & 15, m = b & 7;
-  if (e == 15 && m == 7) return std::nan("");
-  const double mag = e == 0 ? std::ldexp(m, -9) : std::ldexp(1.0 + m / 8.0, e - 7);
-  return (b & 0x80) ? -mag : mag;
-}
-
 TEST(DType, E4m3DecodeMatchesDefinition) {
   for (int b = 0; b < 256; ++b) {
-    const double expected = e4m3_by_definition(b);
+    const double expected = test::e4m3_value(b);
     const float got = e4m3_bits_to_float(static_cast<uint8_t>(b));
     if (std::isnan(expected)) {
       EXPECT_TRUE(std::isnan(got)) << b;
@@ -33,32 +26,16 @@ TEST(DType, E4m3DecodeMatchesDefinition) {
   }
 }
 
-// Nearest e4m3 value by exhaustive search, ties to the even mantissa, saturating at 448.
-uint8_t e4m3_nearest(double x) {
-  if (std::isnan(x)) return 0x7f;
-  const double a = std::min(std::fabs(x), 448.0);
-  int best = 0;
-  double best_err = std::numeric_limits<double>::infinity();
-  for (int b = 0; b < 0x7f; ++b) {
-    const double err = std::fabs(e4m3_by_definition(b) - a);
-    if (err < best_err || (err == best_err && (b & 1) == 0)) {
-      best = b;
-      best_err = err;
-    }
-  }
-  return static_cast<uint8_t>(best | (std::signbit(x) ? 0x80 : 0));
-}
-
 TEST(DType, E4m3EncodeIsNearestEvenSaturating) {
   auto rng = test::make_rng(1);
   std::uniform_real_distribution<double> log_mag(-12, 10);
   for (int i = 0; i < 20000; ++i) {
     const float x = static_cast<float>((i & 1 ? -1 : 1) * std::exp2(log_mag(rng)));
-    EXPECT_EQ(float_to_e4m3_bits(x), e4m3_nearest(x)) << x;
+    EXPECT_EQ(float_to_e4m3_bits(x), test::e4m3_nearest(x)) << x;
   }
   // Midpoints between neighbours round to the even mantissa.
   for (int b = 0; b < 0x7e; ++b) {
-    const double mid = (e4m3_by_definition(b) + e4m3_by_definition(b + 1)) / 2;
+    const double mid = (test::e4m3_value(b) + test::e4m3_value(b + 1)) / 2;
     EXPECT_EQ(float_to_e4m3_bits(static_cast<float>(mid)), (b & 1) ? b + 1 : b) << mid;
   }
   EXPECT_EQ(float_to_e4m3_bits(1e9f), 0x7e);

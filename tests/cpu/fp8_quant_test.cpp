@@ -1,5 +1,6 @@
 // ops::scaled_fp8_quant (static per-tensor, spec D.13 / F-37): exact bytes against an independent
-// nearest-e4m3 search, the x * (1 / scale) rounding, saturation, strides and input validation.
+// nearest-e4m3 search (common/fp8_reference.hpp), the x * (1 / scale) rounding, saturation,
+// strides and input validation.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -7,6 +8,7 @@
 #include <limits>
 #include <vector>
 
+#include "common/fp8_reference.hpp"
 #include "common/test_util.hpp"
 #include "mlakit/dtype.hpp"
 #include "mlakit/error.hpp"
@@ -15,33 +17,10 @@
 namespace mlakit {
 namespace {
 
-double e4m3_value(int b) {
-  const int e = (b >> 3) & 15, m = b & 7;
-  if (e == 15 && m == 7) return std::nan("");
-  const double mag = e == 0 ? std::ldexp(m, -9) : std::ldexp(1.0 + m / 8.0, e - 7);
-  return (b & 0x80) ? -mag : mag;
-}
-
-// Nearest finite e4m3 by exhaustive search, ties to the even code, saturating at 448; NaN -> NaN.
-uint8_t e4m3_nearest(double x) {
-  if (std::isnan(x)) return 0x7f;
-  const double a = std::min(std::fabs(x), 448.0);
-  int best = 0;
-  double best_err = std::numeric_limits<double>::infinity();
-  for (int b = 0; b < 0x7f; ++b) {
-    const double err = std::fabs(e4m3_value(b) - a);
-    if (err < best_err || (err == best_err && (b & 1) == 0)) {
-      best = b;
-      best_err = err;
-    }
-  }
-  return static_cast<uint8_t>(best | (std::signbit(x) ? 0x80 : 0));
-}
-
 // What the op must produce: the f32 product of x and the f32 reciprocal, then nearest e4m3.
 uint8_t expected_byte(float x, float scale) {
   const float inv = 1.0f / scale;
-  return e4m3_nearest(static_cast<double>(x * inv));
+  return test::e4m3_nearest(static_cast<double>(x * inv));
 }
 
 TEST(ScaledFp8Quant, MatchesNearestE4m3ExactlyForEveryDtype) {
@@ -75,7 +54,7 @@ TEST(ScaledFp8Quant, MultipliesByTheReciprocalNotDivides) {
   // 0.1708984375 / 7 is exactly the midpoint 0.0244140625 between codes 12 and 13 (ties to even:
   // 12); times the f32 reciprocal of 7 it lands just above the midpoint (code 13).
   const float x = 0.1708984375f, scale = 7.0f;
-  ASSERT_EQ(e4m3_nearest(x / scale), 12);
+  ASSERT_EQ(test::e4m3_nearest(x / scale), 12);
   ASSERT_EQ(expected_byte(x, scale), 13);
   const Tensor xt = test::tensor_from({x, -x}, {2}, DType::kF32);
   const Tensor out = Tensor::zeros({2}, DType::kU8);

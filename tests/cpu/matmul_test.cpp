@@ -5,10 +5,10 @@
 #include <array>
 #include <cmath>
 #include <cstdint>
-#include <limits>
 #include <random>
 #include <vector>
 
+#include "common/gemm_reference.hpp"
 #include "common/test_util.hpp"
 #include "mlakit/dtype.hpp"
 #include "mlakit/error.hpp"
@@ -18,103 +18,19 @@
 namespace mlakit {
 namespace {
 
-// A view into storage it owns; the storage may be larger than the view (padding, other fields).
-struct Operand {
-  Tensor storage;
-  TensorView view;
-};
-
-// [batch, rows, cols] whose matrices are row-major, or column-major (`transposed`), with `pad`
-// unused elements after every contiguous run (a leading stride larger than the dense one).
-Operand make_operand(std::mt19937_64& rng, int64_t batch, int64_t rows, int64_t cols, DType dtype,
-                     bool transposed, int64_t pad, bool poison = false) {
-  const int64_t outer = transposed ? cols : rows, inner = transposed ? rows : cols;
-  Tensor storage = poison ? test::nan_tensor({batch, outer, inner + pad}, dtype)
-                          : test::random_tensor(rng, {batch, outer, inner + pad}, dtype);
-  TensorView view = storage.view().narrow(2, 0, inner);
-  if (transposed) view = view.transpose(1, 2);
-  return {storage, view};
-}
-
-// Exact products of the stored values summed in fp64, and the sums of their magnitudes.
-struct Reference {
-  std::vector<double> value;      // [batch, M, N]
-  std::vector<double> magnitude;  // [batch, M, N]: sum_k |a| |w|
-};
-
-Reference reference_bmm(const TensorView& a, const TensorView& w) {
-  const int64_t batch = a.shape[0], m = a.shape[1], k = a.shape[2], n = w.shape[2];
-  const std::vector<double> av = test::to_doubles(a), wv = test::to_doubles(w);
-  Reference r{std::vector<double>(batch * m * n), std::vector<double>(batch * m * n)};
-  for (int64_t b = 0; b < batch; ++b)
-    for (int64_t i = 0; i < m; ++i)
-      for (int64_t j = 0; j < n; ++j) {
-        double sum = 0, mag = 0;
-        for (int64_t p = 0; p < k; ++p) {
-          const double x = av[(b * m + i) * k + p], y = wv[(b * k + p) * n + j];
-          sum += x * y;
-          mag += std::fabs(x * y);
-        }
-        r.value[(b * m + i) * n + j] = sum;
-        r.magnitude[(b * m + i) * n + j] = mag;
-      }
-  return r;
-}
-
-// Unit roundoff of storing a result in `dtype` (half an ulp, relative).
-double unit_roundoff(DType dtype) {
-  switch (dtype) {
-    case DType::kBF16:
-      return std::ldexp(1.0, -8);  // 8 significant bits
-    case DType::kF16:
-      return std::ldexp(1.0, -11);  // 11 significant bits
-    default:
-      return 0.0;  // f32 results are the accumulator itself
-  }
-}
+using Operand = test::GemmOperand;
+using test::count_nan;
+using test::make_gemm_operand;
 
 // Any f32 dot product of K terms, in any order, with or without FMA, is within
-// gamma_K * sum|a||w| of the exact value (gamma_K = K u / (1 - K u), u = 2^-24); storing it in a
-// 16-bit c adds half an ulp of the result (plus f16's subnormal spacing 2^-24 / 2 near zero).
-::testing::AssertionResult within_gemm_bound(const TensorView& c, const Reference& ref, int64_t k) {
-  const double u = std::ldexp(1.0, -24);
-  const double gamma = k * u / (1 - k * u);
-  const double out_u = unit_roundoff(c.dtype);
-  const double out_abs = c.dtype == DType::kF16 ? std::ldexp(1.0, -25) : 0.0;
-  const std::vector<double> got = test::to_doubles(c);
-  int64_t bad = 0, worst = -1;
-  double worst_ratio = 0;
-  for (size_t i = 0; i < got.size(); ++i) {
-    const double accum_err = gamma * ref.magnitude[i];
-    const double bound =
-        accum_err + out_u * (std::fabs(ref.value[i]) + accum_err) + out_abs + 1e-300;
-    const double ratio = std::isfinite(got[i]) ? std::fabs(got[i] - ref.value[i]) / bound
-                                               : std::numeric_limits<double>::infinity();
-    if (ratio > 1) ++bad;
-    if (worst < 0 || ratio > worst_ratio) {
-      worst_ratio = ratio;
-      worst = static_cast<int64_t>(i);
-    }
-  }
-  if (bad == 0) return ::testing::AssertionSuccess();
-  const int64_t m = c.shape[1], n = c.shape[2];
-  return ::testing::AssertionFailure()
-         << bad << " of " << got.size() << " elements beyond the f32 GEMM error bound (K " << k
-         << ", c " << dtype_name(c.dtype) << "); worst at (b " << worst / (m * n) << ", m "
-         << worst / n % m << ", n " << worst % n << "): got " << got[worst] << ", expected "
-         << ref.value[worst] << ", error " << worst_ratio << " x the bound";
-}
-
-// Elements of c's storage that are NaN: all but c's view must stay poisoned.
-int64_t count_nan(const TensorView& storage) {
-  int64_t count = 0;
-  for (double x : test::to_doubles(storage)) count += std::isnan(x);
-  return count;
-}
+// gamma_K * sum|a||w| of the exact value (gamma_K = K u / (1 - K u), u = 2^-24, f32's unit
+// roundoff); storing it in a 16-bit c adds half an ulp of the result.
+const double kF32UnitRoundoff = std::ldexp(1.0, -24);
 
 void run_and_check(const Operand& a, const Operand& w, const Operand& c) {
   ops::batched_matmul(a.view, w.view, c.view);
-  EXPECT_TRUE(within_gemm_bound(c.view, reference_bmm(a.view, w.view), a.view.shape[2]));
+  EXPECT_TRUE(test::within_gemm_bound(c.view, test::reference_bmm(a.view, w.view), a.view.shape[2],
+                                      kF32UnitRoundoff));
   EXPECT_EQ(count_nan(c.storage.view()), c.storage.numel() - c.view.numel())
       << "elements outside c were written, or elements of c were not";
 }
@@ -127,9 +43,10 @@ TEST(BatchedMatmul, EveryLayoutF32) {
     for (int layout = 0; layout < 8; ++layout) {
       SCOPED_TRACE(::testing::Message() << "batch " << batch << " M " << m << " K " << k << " N "
                                         << n << " layout " << layout);
-      const Operand a = make_operand(rng, batch, m, k, DType::kF32, layout & 1, pad(rng));
-      const Operand w = make_operand(rng, batch, k, n, DType::kF32, layout & 2, pad(rng));
-      const Operand c = make_operand(rng, batch, m, n, DType::kF32, layout & 4, pad(rng), true);
+      const Operand a = make_gemm_operand(rng, batch, m, k, DType::kF32, layout & 1, pad(rng));
+      const Operand w = make_gemm_operand(rng, batch, k, n, DType::kF32, layout & 2, pad(rng));
+      const Operand c =
+          make_gemm_operand(rng, batch, m, n, DType::kF32, layout & 4, pad(rng), true);
       run_and_check(a, w, c);
     }
   }
@@ -142,9 +59,9 @@ TEST(BatchedMatmul, DegenerateMatricesOfOneRowOrColumn) {
     for (int layout = 0; layout < 8; ++layout) {
       SCOPED_TRACE(::testing::Message()
                    << "M " << m << " K " << k << " N " << n << " layout " << layout);
-      const Operand a = make_operand(rng, 2, m, k, DType::kF32, layout & 1, 1);
-      const Operand w = make_operand(rng, 2, k, n, DType::kF32, layout & 2, 0);
-      const Operand c = make_operand(rng, 2, m, n, DType::kF32, layout & 4, 2, true);
+      const Operand a = make_gemm_operand(rng, 2, m, k, DType::kF32, layout & 1, 1);
+      const Operand w = make_gemm_operand(rng, 2, k, n, DType::kF32, layout & 2, 0);
+      const Operand c = make_gemm_operand(rng, 2, m, n, DType::kF32, layout & 4, 2, true);
       run_and_check(a, w, c);
     }
   }
@@ -165,9 +82,9 @@ TEST(BatchedMatmul, SixteenBitOperandsAndOutputs) {
       SCOPED_TRACE(::testing::Message()
                    << dtype_name(da) << " x " << dtype_name(dw) << " -> " << dtype_name(dc) << " M "
                    << m << " N " << n << " layout " << layout);
-      const Operand a = make_operand(rng, 2, m, k, da, layout & 1, pad(rng));
-      const Operand w = make_operand(rng, 2, k, n, dw, layout & 2, pad(rng));
-      const Operand c = make_operand(rng, 2, m, n, dc, layout & 4, pad(rng), true);
+      const Operand a = make_gemm_operand(rng, 2, m, k, da, layout & 1, pad(rng));
+      const Operand w = make_gemm_operand(rng, 2, k, n, dw, layout & 2, pad(rng));
+      const Operand c = make_gemm_operand(rng, 2, m, n, dc, layout & 4, pad(rng), true);
       run_and_check(a, w, c);
     }
   }
@@ -183,15 +100,15 @@ TEST(BatchedMatmul, RoundsSixteenBitOutputToNearestEven) {
   for (DType dc : {DType::kBF16, DType::kF16}) {
     for (bool c_transposed : {false, true}) {
       SCOPED_TRACE(::testing::Message() << dtype_name(dc) << " transposed c " << c_transposed);
-      Operand a = make_operand(rng, kBatch, kM, kK, DType::kBF16, false, 0);
-      Operand w = make_operand(rng, kBatch, kK, kN, DType::kF16, true, 0);
+      Operand a = make_gemm_operand(rng, kBatch, kM, kK, DType::kBF16, false, 0);
+      Operand w = make_gemm_operand(rng, kBatch, kK, kN, DType::kF16, true, 0);
       for (const Operand* op : {&a, &w}) {
         const TensorView& s = op->storage.view();
         for (int64_t i = 0; i < s.numel(); ++i) store_float(s.data, s.dtype, i, value(rng));
       }
-      const Operand c = make_operand(rng, kBatch, kM, kN, dc, c_transposed, 1, true);
+      const Operand c = make_gemm_operand(rng, kBatch, kM, kN, dc, c_transposed, 1, true);
       ops::batched_matmul(a.view, w.view, c.view);
-      const Reference ref = reference_bmm(a.view, w.view);
+      const test::GemmReference ref = test::reference_bmm(a.view, w.view);
       const std::vector<double> got = test::to_doubles(c.view);
       int64_t rounded = 0, ties = 0, wrong = 0;
       for (size_t i = 0; i < got.size(); ++i) {
@@ -287,9 +204,9 @@ TEST(BatchedMatmul, KvBProjUpProjectionLayout) {
 // Enough rows and columns for several tiles in both directions, with a column-major 16-bit c.
 TEST(BatchedMatmul, ManyTilesPerMatrix) {
   auto rng = test::make_rng(108);
-  const Operand a = make_operand(rng, 2, 530, 9, DType::kF32, false, 0);
-  const Operand w = make_operand(rng, 2, 9, 2100, DType::kBF16, true, 1);
-  const Operand c = make_operand(rng, 2, 530, 2100, DType::kBF16, true, 0, true);
+  const Operand a = make_gemm_operand(rng, 2, 530, 9, DType::kF32, false, 0);
+  const Operand w = make_gemm_operand(rng, 2, 9, 2100, DType::kBF16, true, 1);
+  const Operand c = make_gemm_operand(rng, 2, 530, 2100, DType::kBF16, true, 0, true);
   run_and_check(a, w, c);
 }
 
@@ -298,11 +215,11 @@ TEST(BatchedMatmul, BroadcastWeight) {
   auto rng = test::make_rng(109);
   for (DType dtype : {DType::kF32, DType::kBF16}) {
     SCOPED_TRACE(dtype_name(dtype));
-    const Operand a = make_operand(rng, 4, 10, 33, dtype, false, 0);
+    const Operand a = make_gemm_operand(rng, 4, 10, 33, dtype, false, 0);
     Operand w;
     w.storage = test::random_tensor(rng, {33, 12}, dtype);
     w.view = TensorView::strided(w.storage.view().data, dtype, {4, 33, 12}, {0, 12, 1});
-    const Operand c = make_operand(rng, 4, 10, 12, DType::kF32, false, 0, true);
+    const Operand c = make_gemm_operand(rng, 4, 10, 12, DType::kF32, false, 0, true);
     run_and_check(a, w, c);
   }
 }
@@ -312,17 +229,17 @@ TEST(BatchedMatmul, ZeroSizes) {
   // An empty batch, M or Ncol: nothing to do (c's padding stays poisoned).
   for (const auto& [batch, m, k, n] :
        std::vector<std::array<int64_t, 4>>{{0, 4, 5, 6}, {2, 0, 5, 6}, {2, 4, 5, 0}}) {
-    const Operand a = make_operand(rng, batch, m, k, DType::kBF16, false, 0);
-    const Operand w = make_operand(rng, batch, k, n, DType::kF32, true, 0);
-    const Operand c = make_operand(rng, batch, m, n, DType::kBF16, false, 2, true);
+    const Operand a = make_gemm_operand(rng, batch, m, k, DType::kBF16, false, 0);
+    const Operand w = make_gemm_operand(rng, batch, k, n, DType::kF32, true, 0);
+    const Operand c = make_gemm_operand(rng, batch, m, n, DType::kBF16, false, 2, true);
     ops::batched_matmul(a.view, w.view, c.view);
     EXPECT_EQ(count_nan(c.storage.view()), c.storage.numel());
   }
   // K = 0: every output is an empty sum, 0.
   for (DType dc : {DType::kF32, DType::kBF16}) {
-    const Operand a = make_operand(rng, 2, 4, 0, DType::kF32, false, 0);
-    const Operand w = make_operand(rng, 2, 0, 6, DType::kF16, false, 0);
-    const Operand c = make_operand(rng, 2, 4, 6, dc, true, 1, true);
+    const Operand a = make_gemm_operand(rng, 2, 4, 0, DType::kF32, false, 0);
+    const Operand w = make_gemm_operand(rng, 2, 0, 6, DType::kF16, false, 0);
+    const Operand c = make_gemm_operand(rng, 2, 4, 6, dc, true, 1, true);
     ops::batched_matmul(a.view, w.view, c.view);
     for (double x : test::to_doubles(c.view)) EXPECT_EQ(x, 0.0);
     EXPECT_EQ(count_nan(c.storage.view()), c.storage.numel() - c.view.numel());
@@ -331,9 +248,9 @@ TEST(BatchedMatmul, ZeroSizes) {
 
 TEST(BatchedMatmul, RejectsBadArguments) {
   auto rng = test::make_rng(111);
-  const Operand a = make_operand(rng, 2, 4, 5, DType::kF32, false, 0);
-  const Operand w = make_operand(rng, 2, 5, 6, DType::kF32, false, 0);
-  const Operand c = make_operand(rng, 2, 4, 6, DType::kF32, false, 0, true);
+  const Operand a = make_gemm_operand(rng, 2, 4, 5, DType::kF32, false, 0);
+  const Operand w = make_gemm_operand(rng, 2, 5, 6, DType::kF32, false, 0);
+  const Operand c = make_gemm_operand(rng, 2, 4, 6, DType::kF32, false, 0, true);
   const auto bmm = [&](const TensorView& x, const TensorView& y, const TensorView& z) {
     ops::batched_matmul(x, y, z);
   };
@@ -343,19 +260,19 @@ TEST(BatchedMatmul, RejectsBadArguments) {
   const Tensor ints = Tensor::empty({2, 4, 6}, DType::kI32);
   MLAKIT_EXPECT_THROW_MSG(bmm(a.view, w.view, ints), "batched_matmul: c must have dtype f32");
 
-  const Operand w3 = make_operand(rng, 3, 5, 6, DType::kF32, false, 0);
+  const Operand w3 = make_gemm_operand(rng, 3, 5, 6, DType::kF32, false, 0);
   MLAKIT_EXPECT_THROW_MSG(bmm(a.view, w3.view, c.view),
                           "w.shape[0] must equal the batch a.shape[0] = 2, got 3");
-  const Operand w_k = make_operand(rng, 2, 7, 6, DType::kF32, false, 0);
+  const Operand w_k = make_gemm_operand(rng, 2, 7, 6, DType::kF32, false, 0);
   MLAKIT_EXPECT_THROW_MSG(bmm(a.view, w_k.view, c.view),
                           "w.shape[1] must equal K = a.shape[2] = 5, got 7");
-  const Operand c_b = make_operand(rng, 1, 4, 6, DType::kF32, false, 0);
+  const Operand c_b = make_gemm_operand(rng, 1, 4, 6, DType::kF32, false, 0);
   MLAKIT_EXPECT_THROW_MSG(bmm(a.view, w.view, c_b.view),
                           "c.shape[0] must equal the batch a.shape[0] = 2, got 1");
-  const Operand c_m = make_operand(rng, 2, 3, 6, DType::kF32, false, 0);
+  const Operand c_m = make_gemm_operand(rng, 2, 3, 6, DType::kF32, false, 0);
   MLAKIT_EXPECT_THROW_MSG(bmm(a.view, w.view, c_m.view),
                           "c.shape[1] must equal M = a.shape[1] = 4, got 3");
-  const Operand c_n = make_operand(rng, 2, 4, 8, DType::kF32, false, 0);
+  const Operand c_n = make_gemm_operand(rng, 2, 4, 8, DType::kF32, false, 0);
   MLAKIT_EXPECT_THROW_MSG(bmm(a.view, w.view, c_n.view),
                           "c.shape[2] must equal Ncol = w.shape[2] = 6, got 8");
 

@@ -9,6 +9,7 @@
 #include <random>
 #include <vector>
 
+#include "common/fp8_reference.hpp"
 #include "common/test_util.hpp"
 #include "mlakit/dtype.hpp"
 #include "mlakit/error.hpp"
@@ -108,14 +109,6 @@ TEST(AbsorbKvBProj, RoundsToTheActivationDtype) {
                 dims, DType::kF32);
 }
 
-// e4m3fn by definition (independent of the library's decoder): sign, 4 exponent bits (bias 7),
-// 3 mantissa bits, subnormals with unit 2^-9.
-double e4m3_value(uint8_t code) {
-  const int e = (code >> 3) & 15, m = code & 7;
-  const double magnitude = e == 0 ? std::ldexp(m, -9) : std::ldexp(1.0 + m / 8.0, e - 7);
-  return (code & 0x80) ? -magnitude : magnitude;
-}
-
 // fp8 weights with 128x128 block scales, in shapes that are not multiples of 128 (312 rows,
 // 200 columns: partial last blocks both ways) and DeepSeek's (N 3 of 128 + 128, L 512).
 TEST(AbsorbKvBProj, DequantizesFp8BlockScales) {
@@ -158,7 +151,7 @@ TEST(AbsorbKvBProj, DequantizesFp8BlockScales) {
     std::vector<double> expected(rows * cols);
     for (int64_t r = 0; r < rows; ++r)
       for (int64_t l = 0; l < cols; ++l) {
-        const double value = e4m3_value(weight.data<uint8_t>()[r * cols + l]) *
+        const double value = test::e4m3_value(weight.data<uint8_t>()[r * cols + l]) *
                              test::element(scales, {r / 128, l / 128});
         // The product is formed in f32 (rounded once), then rounded to the activation dtype.
         expected[r * cols + l] = round_to_dtype(static_cast<float>(value), c.act);

@@ -5,14 +5,13 @@
 // skipped and reported through cuda::check_device_errors, never read or written out of bounds.
 #include <gtest/gtest.h>
 
-#include <algorithm>
-#include <cstring>
 #include <numeric>
 #include <optional>
 #include <random>
 #include <sstream>
 #include <vector>
 
+#include "common/paged_cache.hpp"
 #include "common/test_util.hpp"
 #include "cuda/common/device_errors.hpp"
 #include "gpu_test_util.hpp"
@@ -25,96 +24,17 @@ namespace {
 
 using test::Mirrored;
 
-// ---- a random paged batch -----------------------------------------------------------------------
+// ---- a random paged batch (common/paged_cache.hpp) ---------------------------------------------
 
-struct Batch {
-  std::vector<int64_t> lens = {};    // per request
-  std::vector<int64_t> starts = {};  // per request; empty: seq_starts absent
-  int64_t block_size = 16;
-  int64_t num_blocks = 64;
-};
+using Batch = test::PagedBatch;
+using Indices = test::PagedIndices;
+using test::make_paged_indices;
+using test::random_paged_batch;
 
-// Host index tensors of a batch; `table`, `cu` and `starts` stay editable for the error tests.
-struct Indices {
-  std::vector<int64_t> table, cu, seq_of_token, starts;
-  int64_t width = 0, num_tokens = 0, batch = 0;
-
-  Tensor block_table() const { return test::int_tensor(table, {batch, width}, DType::kI32); }
-  Tensor cu_seq_lens() const { return test::int_tensor(cu, {batch + 1}, DType::kI32); }
-  Tensor token_to_seq() const {  // 2 junk entries past num_tokens: never read
-    std::vector<int64_t> padded = seq_of_token;
-    padded.insert(padded.end(), {1 << 30, -7});
-    return test::int_tensor(padded, {num_tokens + 2}, DType::kI32);
-  }
-  std::optional<Tensor> seq_starts() const {
-    if (starts.empty()) return std::nullopt;
-    return test::int_tensor(starts, {batch}, DType::kI32);
-  }
-};
-
-Indices make_indices(std::mt19937_64& rng, const Batch& b) {
-  Indices ix;
-  ix.batch = static_cast<int64_t>(b.lens.size());
-  ix.starts = b.starts;
-  ix.cu.push_back(0);
-  for (int64_t r = 0; r < ix.batch; ++r) {
-    ix.cu.push_back(ix.cu.back() + b.lens[r]);
-    const int64_t end = (b.starts.empty() ? 0 : b.starts[r]) + b.lens[r];
-    ix.width = std::max(ix.width, (end + b.block_size - 1) / b.block_size);
-    ix.seq_of_token.insert(ix.seq_of_token.end(), b.lens[r], r);
-  }
-  ix.width += 1;  // a spare column
-  std::vector<int64_t> blocks(b.num_blocks);
-  std::iota(blocks.begin(), blocks.end(), 0);
-  for (int64_t r = 0; r < ix.batch; ++r) {
-    std::shuffle(blocks.begin(), blocks.end(), rng);
-    ix.table.insert(ix.table.end(), blocks.begin(), blocks.begin() + ix.width);
-  }
-  ix.num_tokens = ix.cu.back();
-  return ix;
-}
-
-// Random lengths (request 1 empty) and token-granular starts.
-Batch random_batch(std::mt19937_64& rng, int64_t requests, int64_t block_size, bool starts) {
-  std::uniform_int_distribution<int64_t> len(0, 70), start(0, 90);
-  Batch b{.block_size = block_size, .num_blocks = std::max<int64_t>(64, 160 / block_size + 2)};
-  for (int64_t r = 0; r < requests; ++r) {
-    b.lens.push_back(r == 1 ? 0 : len(rng));
-    if (starts) b.starts.push_back(start(rng));
-  }
-  return b;
-}
-
-// A random cache: activation values, finite fp8 codes, or ds_mla entries with positive scales.
-Tensor random_cache(std::mt19937_64& rng, const Batch& b, KvCacheDType kv, DType dtype,
-                    int64_t width, DType rope_dtype) {
-  if (kv == KvCacheDType::kAuto)
-    return test::random_tensor(rng, {b.num_blocks, b.block_size, width}, dtype);
-  Tensor cache = Tensor::empty({b.num_blocks, b.block_size, width}, DType::kU8);
-  auto* bytes = cache.data<uint8_t>();
-  std::uniform_int_distribution<int> code(0, 253);
-  for (int64_t i = 0; i < cache.numel(); ++i) {
-    const int c = code(rng);
-    bytes[i] = static_cast<uint8_t>(c < 0x7f ? c : c + 1);  // no NaN codes 0x7f / 0xff
-  }
-  if (kv == KvCacheDType::kFp8DsMla) {
-    std::uniform_real_distribution<double> log_scale(-12, 2);
-    for (int64_t e = 0; e < b.num_blocks * b.block_size; ++e) {
-      uint8_t* entry = bytes + e * width;
-      for (int tile = 0; tile < 4; ++tile) {
-        const float s = static_cast<float>(std::exp2(log_scale(rng)));
-        std::memcpy(entry + kDsMlaScaleOffset + 4 * tile, &s, 4);
-      }
-      for (int i = 0; i < kDsMlaRopeDim; ++i)
-        store_float(entry + kDsMlaRopeOffset, rope_dtype, i, static_cast<float>(log_scale(rng)));
-    }
-  }
-  return cache;
-}
-
-std::optional<TensorView> view_of(const std::optional<Tensor>& t) {
-  if (!t) return std::nullopt;
-  return t->view();
+// The device copy of an optional host index tensor (seq_starts).
+std::optional<Tensor> device_copy(const std::optional<Tensor>& host) {
+  if (!host) return std::nullopt;
+  return test::to_device(*host);
 }
 
 // ---- gather_and_maybe_dequant_cache -------------------------------------------------------------
@@ -150,29 +70,25 @@ GatherRun run_gather(const GatherCase& c, const Indices& clean, const Indices& g
   auto rng = test::make_rng(8000 + c.stream);
   const bool ds = c.kv == KvCacheDType::kFp8DsMla;
   const DType cache_dtype = c.kv == KvCacheDType::kAuto ? c.cache_dtype : DType::kU8;
-  const Tensor cache =
-      random_cache(rng, c.batch, c.kv, cache_dtype, ds ? kDsMlaEntryBytes : c.width, c.dst_dtype);
+  const Tensor cache = test::random_paged_cache(rng, c.batch, c.kv, cache_dtype,
+                                                ds ? kDsMlaEntryBytes : c.width, c.dst_dtype);
   const int64_t rows = clean.num_tokens + 2;
   Tensor cpu = test::nan_tensor({rows, c.width + c.pad}, c.dst_dtype);
   const TensorView dst = cpu.view().narrow(1, 0, c.width);
   const Mirrored d_cache(cache), d_dst(cpu);
 
-  const Tensor table = gpu_indices.block_table(), cu = gpu_indices.cu_seq_lens(),
-               tts = gpu_indices.token_to_seq();
-  const std::optional<Tensor> starts = gpu_indices.seq_starts();
-  const Mirrored d_table(table), d_cu(cu), d_tts(tts);
-  std::optional<Mirrored> d_starts;
-  if (starts) d_starts.emplace(*starts);
-  std::optional<TensorView> gpu_starts;
-  if (d_starts) gpu_starts = d_starts->device.view();
-  ops::gather_and_maybe_dequant_cache(d_cache.device, d_dst.on_device(dst), d_table.device,
-                                      d_cu.device, d_tts.device, clean.num_tokens, c.kv, c.scale,
-                                      gpu_starts);
+  const Tensor d_table = test::to_device(gpu_indices.block_table()),
+               d_cu = test::to_device(gpu_indices.cu_seq_lens()),
+               d_tts = test::to_device(gpu_indices.token_to_seq());
+  const std::optional<Tensor> d_starts = device_copy(gpu_indices.seq_starts());
+  ops::gather_and_maybe_dequant_cache(d_cache.device, d_dst.on_device(dst), d_table, d_cu, d_tts,
+                                      clean.num_tokens, c.kv, c.scale,
+                                      test::optional_view(d_starts));
 
   const std::optional<Tensor> clean_starts = clean.seq_starts();
   ops::gather_and_maybe_dequant_cache(cache, dst, clean.block_table(), clean.cu_seq_lens(),
                                       clean.token_to_seq(), clean.num_tokens, c.kv, c.scale,
-                                      view_of(clean_starts));
+                                      test::optional_view(clean_starts));
   for (int64_t t : skipped_tokens) test::fill_nan(cpu.view().narrow(0, t, 1));
   return {std::move(cpu), test::to_host(d_dst.device)};
 }
@@ -180,7 +96,7 @@ GatherRun run_gather(const GatherCase& c, const Indices& clean, const Indices& g
 void run_gather_case(const GatherCase& c) {
   SCOPED_TRACE(describe(c));
   auto rng = test::make_rng(9000 + c.stream);
-  const Indices ix = make_indices(rng, c.batch);
+  const Indices ix = make_paged_indices(rng, c.batch);
   const GatherRun r = run_gather(c, ix, ix);
   EXPECT_NO_THROW(cuda::check_device_errors(Device::cuda(0)));
   EXPECT_TRUE(test::same_bits(r.cpu, r.gpu));
@@ -193,7 +109,7 @@ TEST(CudaGatherAndMaybeDequantCache, AutoSameAndCastDtypes) {
   for (DType cache : {DType::kF32, DType::kBF16, DType::kF16}) {
     for (DType dst : {DType::kF32, DType::kBF16, DType::kF16}) {
       for (int64_t pad : {24, 1}) {  // aligned rows (vector packs) and odd strides (scalar)
-        run_gather_case({.batch = random_batch(rng, 5, 16, true),
+        run_gather_case({.batch = random_paged_batch(rng, 5, 16, true),
                          .kv = KvCacheDType::kAuto,
                          .cache_dtype = cache,
                          .dst_dtype = dst,
@@ -216,7 +132,7 @@ TEST(CudaGatherAndMaybeDequantCache, Fp8TimesScale) {
   uint64_t stream = 20;
   for (DType dst : {DType::kF32, DType::kBF16, DType::kF16}) {
     for (float scale : {0.1f, 1.0f, 3.0f}) {
-      run_gather_case({.batch = random_batch(rng, 6, 7, stream % 2 == 0),
+      run_gather_case({.batch = random_paged_batch(rng, 6, 7, stream % 2 == 0),
                        .kv = KvCacheDType::kFp8E4m3,
                        .dst_dtype = dst,
                        .pad = stream % 3 == 0 ? 1 : 24,
@@ -232,7 +148,7 @@ TEST(CudaGatherAndMaybeDequantCache, DsMlaTileScalesAndRope) {
   uint64_t stream = 30;
   for (DType dst : {DType::kBF16, DType::kF16}) {
     for (int64_t pad : {24, 1}) {
-      run_gather_case({.batch = random_batch(rng, 4, 16, true),
+      run_gather_case({.batch = random_paged_batch(rng, 4, 16, true),
                        .kv = KvCacheDType::kFp8DsMla,
                        .dst_dtype = dst,
                        .pad = pad,
@@ -244,7 +160,7 @@ TEST(CudaGatherAndMaybeDequantCache, DsMlaTileScalesAndRope) {
 TEST(CudaGatherAndMaybeDequantCache, BlockSizeOneAndNoTokens) {
   MLAKIT_SKIP_WITHOUT_GPU();
   auto rng = test::make_rng(40);
-  run_gather_case({.batch = random_batch(rng, 3, 1, true), .width = 9, .stream = 40});
+  run_gather_case({.batch = random_paged_batch(rng, 3, 1, true), .width = 9, .stream = 40});
   run_gather_case({.batch = {.lens = {0, 0}, .starts = {3, 0}, .block_size = 4, .num_blocks = 4},
                    .width = 8,
                    .stream = 41});
@@ -284,7 +200,7 @@ TEST(CudaGatherAndMaybeDequantCacheErrors, BadIndicesSkipTheirTokensAndAreReport
   const Batch batch{.lens = {20, 0, 33, 7}, .starts = {5, 0, 40, 2}, .block_size = 16};
   const GatherCase c{.batch = batch, .dst_dtype = DType::kBF16, .width = 64, .stream = 50};
   auto rng = test::make_rng(9050);
-  const Indices clean = make_indices(rng, batch);
+  const Indices clean = make_paged_indices(rng, batch);
   {
     Indices bad = clean;
     bad.seq_of_token[3] = 4;  // not a request
@@ -360,19 +276,15 @@ GatherRun run_cp_gather(const CpCase& c, const Indices& clean, const Indices& gp
     for (int64_t& v : cu) v += c.first_row;
     return test::int_tensor(cu, {ix.batch + 1}, DType::kI32);
   };
-  const Tensor table = gpu_indices.block_table(), cu = shifted(gpu_indices);
-  const std::optional<Tensor> starts = gpu_indices.seq_starts();
-  const Mirrored d_table(table), d_cu(cu);
-  std::optional<Mirrored> d_starts;
-  if (starts) d_starts.emplace(*starts);
-  std::optional<TensorView> gpu_starts;
-  if (d_starts) gpu_starts = d_starts->device.view();
-  ops::cp_gather_cache(d_cache.device, d_dst.on_device(dst), d_table.device, d_cu.device,
-                       clean.batch, gpu_starts);
+  const Tensor d_table = test::to_device(gpu_indices.block_table()),
+               d_cu = test::to_device(shifted(gpu_indices));
+  const std::optional<Tensor> d_starts = device_copy(gpu_indices.seq_starts());
+  ops::cp_gather_cache(d_cache.device, d_dst.on_device(dst), d_table, d_cu, clean.batch,
+                       test::optional_view(d_starts));
 
   const std::optional<Tensor> clean_starts = clean.seq_starts();
   ops::cp_gather_cache(cache, dst, clean.block_table(), shifted(clean), clean.batch,
-                       view_of(clean_starts));
+                       test::optional_view(clean_starts));
   for (int64_t row : skipped) test::fill_nan(cpu.view().narrow(0, row + c.first_row, 1));
   return {std::move(cpu), test::to_host(d_dst.device)};
 }
@@ -381,7 +293,7 @@ void run_cp_gather_case(const CpCase& c) {
   SCOPED_TRACE(std::string("dtype=") + dtype_name(c.dtype) + " W=" + std::to_string(c.width) + "+" +
                std::to_string(c.pad));
   auto rng = test::make_rng(9500 + c.stream);
-  const Indices ix = make_indices(rng, c.batch);
+  const Indices ix = make_paged_indices(rng, c.batch);
   const GatherRun r = run_cp_gather(c, ix, ix);
   EXPECT_NO_THROW(cuda::check_device_errors(Device::cuda(0)));
   EXPECT_TRUE(test::same_bits(r.cpu, r.gpu, false));
@@ -393,15 +305,17 @@ TEST(CudaCpGatherCache, RawCopyOfEveryEntryFormat) {
   uint64_t stream = 60;
   for (DType dtype : {DType::kF32, DType::kBF16, DType::kF16, DType::kFp8E4m3}) {
     for (int64_t pad : {8, 1}) {
-      run_cp_gather_case({.batch = random_batch(rng, 6, 16, stream % 2 == 0),
+      run_cp_gather_case({.batch = random_paged_batch(rng, 6, 16, stream % 2 == 0),
                           .dtype = dtype,
                           .pad = pad,
                           .stream = stream++});
     }
   }
-  run_cp_gather_case(
-      {.batch = random_batch(rng, 5, 16, true), .dtype = DType::kU8, .width = 656, .stream = 70});
-  run_cp_gather_case({.batch = random_batch(rng, 7, 5, true),
+  run_cp_gather_case({.batch = random_paged_batch(rng, 5, 16, true),
+                      .dtype = DType::kU8,
+                      .width = 656,
+                      .stream = 70});
+  run_cp_gather_case({.batch = random_paged_batch(rng, 7, 5, true),
                       .dtype = DType::kF32,
                       .width = 33,
                       .first_row = 5,
@@ -417,7 +331,7 @@ TEST(CudaCpGatherCacheErrors, BadIndicesSkipTheirRowsAndAreReported) {
   const Batch batch{.lens = {20, 0, 33, 7}, .starts = {5, 0, 40, 2}, .block_size = 16};
   const CpCase c{.batch = batch, .dtype = DType::kBF16, .width = 64, .stream = 80};
   auto rng = test::make_rng(9580);
-  const Indices clean = make_indices(rng, batch);
+  const Indices clean = make_paged_indices(rng, batch);
   {
     Indices bad = clean;
     bad.starts[0] = -3;

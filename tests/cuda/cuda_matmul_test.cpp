@@ -8,10 +8,10 @@
 
 #include <array>
 #include <cmath>
-#include <limits>
 #include <random>
 #include <vector>
 
+#include "common/gemm_reference.hpp"
 #include "common/test_util.hpp"
 #include "gpu_test_util.hpp"
 #include "mlakit/dtype.hpp"
@@ -23,23 +23,9 @@ namespace {
 
 using test::Mirrored;
 
-// A view into host storage; its device copy is made by run_and_check.
-struct Operand {
-  Tensor storage;
-  TensorView view;
-};
-
-// [batch, rows, cols]: row-major, or column-major (`transposed`), with `pad` unused elements after
-// every contiguous run.
-Operand make_operand(std::mt19937_64& rng, int64_t batch, int64_t rows, int64_t cols, DType dtype,
-                     bool transposed, int64_t pad, bool poison = false) {
-  const int64_t outer = transposed ? cols : rows, inner = transposed ? rows : cols;
-  Tensor storage = poison ? test::nan_tensor({batch, outer, inner + pad}, dtype)
-                          : test::random_tensor(rng, {batch, outer, inner + pad}, dtype);
-  TensorView view = storage.view().narrow(2, 0, inner);
-  if (transposed) view = view.transpose(1, 2);
-  return {storage, view};
-}
+// Operands live on the host; run_and_check makes their device copies.
+using Operand = test::GemmOperand;
+using test::make_gemm_operand;
 
 // The type cuBLAS multiplies in (batched_gemm.hpp): the common type; else the 16-bit one; f32
 // for f16 with bf16.
@@ -50,81 +36,21 @@ DType multiply_type(DType a, DType w) {
   return DType::kF32;
 }
 
-struct Reference {
-  std::vector<double> value;      // [batch, M, N]
-  std::vector<double> magnitude;  // sum_k |a| |w|
-};
-
-// fp64 products of the operands rounded to `type` (exact for f32 and for 16-bit inputs already
-// in `type`).
-Reference reference_bmm(const TensorView& a, const TensorView& w, DType type) {
-  const int64_t batch = a.shape[0], m = a.shape[1], k = a.shape[2], n = w.shape[2];
-  std::vector<double> av = test::to_doubles(a), wv = test::to_doubles(w);
-  for (double& x : av) x = round_to_dtype(static_cast<float>(x), type);
-  for (double& x : wv) x = round_to_dtype(static_cast<float>(x), type);
-  Reference r{std::vector<double>(batch * m * n), std::vector<double>(batch * m * n)};
-  for (int64_t b = 0; b < batch; ++b)
-    for (int64_t i = 0; i < m; ++i)
-      for (int64_t j = 0; j < n; ++j) {
-        double sum = 0, mag = 0;
-        for (int64_t p = 0; p < k; ++p) {
-          const double x = av[(b * m + i) * k + p], y = wv[(b * k + p) * n + j];
-          sum += x * y;
-          mag += std::fabs(x * y);
-        }
-        r.value[(b * m + i) * n + j] = sum;
-        r.magnitude[(b * m + i) * n + j] = mag;
-      }
-  return r;
-}
-
 // |got - exact| <= gamma_K sum|a||w| + half an ulp of c. Tensor cores add in f32 but may truncate
 // rather than round the aligned addends, so gamma uses u = 2^-22 (4x f32's unit roundoff).
-::testing::AssertionResult within_bound(const TensorView& c, const Reference& ref, int64_t k) {
-  const double u = std::ldexp(1.0, -22);
-  const double gamma = k * u / (1 - k * u);
-  const double out_u = c.dtype == DType::kBF16  ? std::ldexp(1.0, -8)
-                       : c.dtype == DType::kF16 ? std::ldexp(1.0, -11)
-                                                : 0.0;
-  const double out_abs = c.dtype == DType::kF16 ? std::ldexp(1.0, -25) : 0.0;
-  const std::vector<double> got = test::to_doubles(c);
-  int64_t bad = 0, worst = 0;
-  double worst_ratio = -1;
-  for (size_t i = 0; i < got.size(); ++i) {
-    const double err = gamma * ref.magnitude[i];
-    const double bound = err + out_u * (std::fabs(ref.value[i]) + err) + out_abs + 1e-300;
-    const double ratio = std::isfinite(got[i]) ? std::fabs(got[i] - ref.value[i]) / bound
-                                               : std::numeric_limits<double>::infinity();
-    bad += ratio > 1;
-    if (ratio > worst_ratio) {
-      worst_ratio = ratio;
-      worst = static_cast<int64_t>(i);
-    }
-  }
-  if (bad == 0) return ::testing::AssertionSuccess();
-  const int64_t m = c.shape[1], n = c.shape[2];
-  return ::testing::AssertionFailure()
-         << bad << " of " << got.size() << " elements beyond the bound (K " << k << ", c "
-         << dtype_name(c.dtype) << "); worst at (b " << worst / (m * n) << ", m " << worst / n % m
-         << ", n " << worst % n << "): got " << got[worst] << ", expected " << ref.value[worst]
-         << ", " << worst_ratio << " x the bound";
-}
-
-int64_t count_nan(const Tensor& t) {
-  int64_t count = 0;
-  for (double x : test::to_doubles(t)) count += std::isnan(x);
-  return count;
-}
+const double kTensorCoreUnitRoundoff = std::ldexp(1.0, -22);
 
 void run_and_check(const Operand& a, const Operand& w, const Operand& c) {
   const Mirrored d_a(a.storage), d_w(w.storage), d_c(c.storage);
   ops::batched_matmul(d_a.on_device(a.view), d_w.on_device(w.view), d_c.on_device(c.view));
   const Tensor got = test::to_host(d_c.device);
   const TensorView got_c = test::mirror(c.view, c.storage, got);
-  EXPECT_TRUE(within_bound(got_c,
-                           reference_bmm(a.view, w.view, multiply_type(a.view.dtype, w.view.dtype)),
-                           a.view.shape[2]));
-  EXPECT_EQ(count_nan(got), c.storage.numel() - c.view.numel())
+  // fp64 products of the operands rounded to the multiply type (exact for f32 and for 16-bit
+  // inputs already in that type).
+  EXPECT_TRUE(test::within_gemm_bound(
+      got_c, test::reference_bmm(a.view, w.view, multiply_type(a.view.dtype, w.view.dtype)),
+      a.view.shape[2], kTensorCoreUnitRoundoff));
+  EXPECT_EQ(test::count_nan(got.view()), c.storage.numel() - c.view.numel())
       << "elements outside c were written, or elements of c were not";
 }
 
@@ -147,9 +73,9 @@ TEST(CudaBatchedMatmul, EveryOrientationAndDtypeCombination) {
       SCOPED_TRACE(::testing::Message()
                    << dtype_name(da) << " x " << dtype_name(dw) << " -> " << dtype_name(dc)
                    << " batch " << batch << " M " << m << " N " << n << " layout " << layout);
-      const Operand a = make_operand(rng, batch, m, k, da, layout & 1, pad(rng));
-      const Operand w = make_operand(rng, batch, k, n, dw, layout & 2, pad(rng));
-      const Operand c = make_operand(rng, batch, m, n, dc, layout & 4, pad(rng), true);
+      const Operand a = make_gemm_operand(rng, batch, m, k, da, layout & 1, pad(rng));
+      const Operand w = make_gemm_operand(rng, batch, k, n, dw, layout & 2, pad(rng));
+      const Operand c = make_gemm_operand(rng, batch, m, n, dc, layout & 4, pad(rng), true);
       run_and_check(a, w, c);
     }
   }
@@ -163,9 +89,9 @@ TEST(CudaBatchedMatmul, DegenerateMatricesOfOneRowOrColumn) {
     for (int layout = 0; layout < 8; ++layout) {
       SCOPED_TRACE(::testing::Message()
                    << "M " << m << " K " << k << " N " << n << " layout " << layout);
-      const Operand a = make_operand(rng, 2, m, k, DType::kBF16, layout & 1, 1);
-      const Operand w = make_operand(rng, 2, k, n, DType::kBF16, layout & 2, 0);
-      const Operand c = make_operand(rng, 2, m, n, DType::kF32, layout & 4, 2, true);
+      const Operand a = make_gemm_operand(rng, 2, m, k, DType::kBF16, layout & 1, 1);
+      const Operand w = make_gemm_operand(rng, 2, k, n, DType::kBF16, layout & 2, 0);
+      const Operand c = make_gemm_operand(rng, 2, m, n, DType::kF32, layout & 4, 2, true);
       run_and_check(a, w, c);
     }
   }
@@ -216,16 +142,16 @@ TEST(CudaBatchedMatmul, BroadcastWeightAndLargeScratch) {
   auto rng = test::make_rng(204);
   for (DType dtype : {DType::kF32, DType::kBF16}) {
     SCOPED_TRACE(dtype_name(dtype));
-    const Operand a = make_operand(rng, 4, 10, 33, dtype, false, 0);
+    const Operand a = make_gemm_operand(rng, 4, 10, 33, dtype, false, 0);
     Operand w{test::random_tensor(rng, {33, 12}, DType::kBF16), {}};
     w.view = TensorView::strided(w.storage.view().data, DType::kBF16, {4, 33, 12}, {0, 12, 1});
-    const Operand c = make_operand(rng, 4, 10, 12, DType::kF32, false, 0, true);
+    const Operand c = make_gemm_operand(rng, 4, 10, 12, DType::kF32, false, 0, true);
     run_and_check(a, w, c);
   }
   // A mixed call needing more than the initial 4 MiB scratch: it grows (outside capture).
-  const Operand a = make_operand(rng, 8, 512, 600, DType::kF32, false, 0);  // 2.4M f32 -> bf16
-  const Operand w = make_operand(rng, 8, 600, 64, DType::kBF16, true, 0);
-  const Operand c = make_operand(rng, 8, 512, 64, DType::kF16, false, 0, true);  // + f32 tile
+  const Operand a = make_gemm_operand(rng, 8, 512, 600, DType::kF32, false, 0);  // 2.4M f32 -> bf16
+  const Operand w = make_gemm_operand(rng, 8, 600, 64, DType::kBF16, true, 0);
+  const Operand c = make_gemm_operand(rng, 8, 512, 64, DType::kF16, false, 0, true);  // + f32 tile
   run_and_check(a, w, c);
 }
 
@@ -234,22 +160,22 @@ TEST(CudaBatchedMatmul, ZeroSizes) {
   auto rng = test::make_rng(205);
   for (const auto& [batch, m, k, n] :
        std::vector<std::array<int64_t, 4>>{{0, 4, 5, 6}, {2, 0, 5, 6}, {2, 4, 5, 0}}) {
-    const Operand a = make_operand(rng, batch, m, k, DType::kBF16, false, 0);
-    const Operand w = make_operand(rng, batch, k, n, DType::kBF16, true, 0);
-    const Operand c = make_operand(rng, batch, m, n, DType::kBF16, false, 2, true);
+    const Operand a = make_gemm_operand(rng, batch, m, k, DType::kBF16, false, 0);
+    const Operand w = make_gemm_operand(rng, batch, k, n, DType::kBF16, true, 0);
+    const Operand c = make_gemm_operand(rng, batch, m, n, DType::kBF16, false, 2, true);
     const Mirrored d_a(a.storage), d_w(w.storage), d_c(c.storage);
     ops::batched_matmul(d_a.on_device(a.view), d_w.on_device(w.view), d_c.on_device(c.view));
-    EXPECT_EQ(count_nan(test::to_host(d_c.device)), c.storage.numel());
+    EXPECT_EQ(test::count_nan(test::to_host(d_c.device).view()), c.storage.numel());
   }
   for (DType dc : {DType::kF32, DType::kBF16}) {  // K = 0: every output is 0
-    const Operand a = make_operand(rng, 2, 4, 0, DType::kF32, false, 0);
-    const Operand w = make_operand(rng, 2, 0, 6, DType::kF16, false, 0);
-    const Operand c = make_operand(rng, 2, 4, 6, dc, true, 1, true);
+    const Operand a = make_gemm_operand(rng, 2, 4, 0, DType::kF32, false, 0);
+    const Operand w = make_gemm_operand(rng, 2, 0, 6, DType::kF16, false, 0);
+    const Operand c = make_gemm_operand(rng, 2, 4, 6, dc, true, 1, true);
     const Mirrored d_a(a.storage), d_w(w.storage), d_c(c.storage);
     ops::batched_matmul(d_a.on_device(a.view), d_w.on_device(w.view), d_c.on_device(c.view));
     const Tensor got = test::to_host(d_c.device);
     for (double x : test::to_doubles(test::mirror(c.view, c.storage, got))) EXPECT_EQ(x, 0.0);
-    EXPECT_EQ(count_nan(got), c.storage.numel() - c.view.numel());
+    EXPECT_EQ(test::count_nan(got.view()), c.storage.numel() - c.view.numel());
   }
 }
 

@@ -14,6 +14,29 @@ namespace {
 constexpr const char* kGatherOp = "gather_and_maybe_dequant_cache";
 constexpr const char* kCpGatherOp = "cp_gather_cache";
 
+// The fields both gathers fill alike: the source cache, the dst rows, the request index and the
+// error word.
+template <class Params>
+Params gather_params(const char* op, const TensorView& src_cache, const TensorView& dst,
+                     const RequestIndex& index) {
+  Params p;
+  p.cache = cache_layout(src_cache);
+  p.dst = static_cast<char*>(dst.data);
+  p.dst_row_bytes = dst.strides[0] * dst.element_size();
+  p.index = index;
+  p.row_bytes = dst.shape[1] * dst.element_size();
+  p.error_word = device_error_word(op);
+  return p;
+}
+
+// Widest access (<= 16 bytes) of a raw row copy: every entry start, dst row start and the row
+// length are a multiple of it.
+template <class Params>
+int64_t raw_row_unit(const Params& p) {
+  return entry_alignment(p.cache, {address(p.dst), static_cast<uint64_t>(p.dst_row_bytes),
+                                   static_cast<uint64_t>(p.row_bytes)});
+}
+
 template <class Kernel, class... Extra>
 void launch_gather(Kernel kernel, const char* name, const GatherParams& p, cudaStream_t stream,
                    const Extra&... extra) {
@@ -23,21 +46,10 @@ void launch_gather(Kernel kernel, const char* name, const GatherParams& p, cudaS
 }
 
 void gather_raw(const GatherParams& p, cudaStream_t stream) {
-  const int64_t unit = entry_alignment(
-      p.cache,
-      {address(p.dst), static_cast<uint64_t>(p.dst_row_bytes), static_cast<uint64_t>(p.row_bytes)});
-  switch (unit) {
-    case 16:
-      return launch_gather(gather_raw_kernel<16>, "gather_raw_kernel<16>", p, stream);
-    case 8:
-      return launch_gather(gather_raw_kernel<8>, "gather_raw_kernel<8>", p, stream);
-    case 4:
-      return launch_gather(gather_raw_kernel<4>, "gather_raw_kernel<4>", p, stream);
-    case 2:
-      return launch_gather(gather_raw_kernel<2>, "gather_raw_kernel<2>", p, stream);
-    default:
-      return launch_gather(gather_raw_kernel<1>, "gather_raw_kernel<1>", p, stream);
-  }
+  dispatch_access_width(raw_row_unit(p), [&](auto width) {
+    constexpr int kUnit = decltype(width)::value;
+    launch_gather(gather_raw_kernel<kUnit>, "gather_raw_kernel", p, stream);
+  });
 }
 
 // dst[t, i] = Out(op(In(entry[i]))) in packs of 16 bytes on the wider side when aligned.
@@ -80,18 +92,14 @@ void gather_and_maybe_dequant_cache(const TensorView& src_cache, const TensorVie
                                     const std::optional<TensorView>& seq_starts, Stream stream) {
   if (num_tokens == 0) return;
   DeviceGuard guard(dst.device, kGatherOp);
-  GatherParams p;
-  p.cache = cache_layout(src_cache);
-  p.dst = static_cast<char*>(dst.data);
-  p.dst_row_bytes = dst.strides[0] * dst.element_size();
+  auto p = gather_params<GatherParams>(
+      kGatherOp, src_cache, dst,
+      request_index(block_table, cu_seq_lens, seq_starts, cu_seq_lens.shape[0] - 1));
   p.token_to_seq = static_cast<const int32_t*>(token_to_seq.data);
   p.token_to_seq_stride = token_to_seq.strides[0];
   p.num_tokens = num_tokens;
-  p.index = request_index(block_table, cu_seq_lens, seq_starts, cu_seq_lens.shape[0] - 1);
   p.width = static_cast<int>(dst.shape[1]);
-  p.row_bytes = dst.shape[1] * dst.element_size();
   p.scale = scale;
-  p.error_word = device_error_word(kGatherOp);
   const cudaStream_t s = as_cuda_stream(stream);
   switch (kv_dtype) {
     case KvCacheDType::kAuto:
@@ -116,14 +124,9 @@ void cp_gather_cache(const TensorView& src_cache, const TensorView& dst,
                      Stream stream) {
   if (batch_size == 0) return;
   DeviceGuard guard(dst.device, kCpGatherOp);
-  CpGatherParams p;
-  p.cache = cache_layout(src_cache);
-  p.dst = static_cast<char*>(dst.data);
-  p.dst_row_bytes = dst.strides[0] * dst.element_size();
+  auto p = gather_params<CpGatherParams>(
+      kCpGatherOp, src_cache, dst, request_index(block_table, cu_seq_lens, seq_starts, batch_size));
   p.dst_rows = dst.shape[0];
-  p.index = request_index(block_table, cu_seq_lens, seq_starts, batch_size);
-  p.row_bytes = dst.shape[1] * dst.element_size();
-  p.error_word = device_error_word(kCpGatherOp);
   // Splits of a request: about 4 blocks of 8 warps per SM over the whole grid (a copy needs no
   // more to saturate memory), at most 64 per request (a 64k-row request still gives each warp
   // ~128 rows) and at least 1.
@@ -131,26 +134,12 @@ void cp_gather_cache(const TensorView& src_cache, const TensorView& dst,
       std::clamp<int64_t>(4 * multiprocessor_count(kCpGatherOp) / batch_size, 1, 64);
   const dim3 grid(static_cast<unsigned>(std::min<int64_t>(batch_size, kMaxGridBlocks)),
                   static_cast<unsigned>(splits));
-  const int64_t unit = entry_alignment(
-      p.cache,
-      {address(p.dst), static_cast<uint64_t>(p.dst_row_bytes), static_cast<uint64_t>(p.row_bytes)});
   const cudaStream_t s = as_cuda_stream(stream);
-  const auto run = [&](auto kernel, const char* name) {
-    kernel<<<grid, kThreadsPerBlock, 0, s>>>(p);
-    check_launch(kCpGatherOp, name);
-  };
-  switch (unit) {
-    case 16:
-      return run(cp_gather_kernel<16>, "cp_gather_kernel<16>");
-    case 8:
-      return run(cp_gather_kernel<8>, "cp_gather_kernel<8>");
-    case 4:
-      return run(cp_gather_kernel<4>, "cp_gather_kernel<4>");
-    case 2:
-      return run(cp_gather_kernel<2>, "cp_gather_kernel<2>");
-    default:
-      return run(cp_gather_kernel<1>, "cp_gather_kernel<1>");
-  }
+  dispatch_access_width(raw_row_unit(p), [&](auto width) {
+    constexpr int kUnit = decltype(width)::value;
+    cp_gather_kernel<kUnit><<<grid, kThreadsPerBlock, 0, s>>>(p);
+    check_launch(kCpGatherOp, "cp_gather_kernel");
+  });
 }
 
 }  // namespace mlakit::cuda

@@ -24,18 +24,10 @@ void write_auto(const CacheWriteParams& p, cudaStream_t stream) {
                                 static_cast<uint64_t>(p.latent * p.elem_bytes), address(p.k_pe),
                                 static_cast<uint64_t>(p.k_pe_row_bytes),
                                 static_cast<uint64_t>(p.rope * p.elem_bytes)});
-  switch (unit) {
-    case 16:
-      return launch(write_raw_kernel<16>, "write_raw_kernel<16>", p, stream);
-    case 8:
-      return launch(write_raw_kernel<8>, "write_raw_kernel<8>", p, stream);
-    case 4:
-      return launch(write_raw_kernel<4>, "write_raw_kernel<4>", p, stream);
-    case 2:
-      return launch(write_raw_kernel<2>, "write_raw_kernel<2>", p, stream);
-    default:
-      return launch(write_raw_kernel<1>, "write_raw_kernel<1>", p, stream);
-  }
+  dispatch_access_width(unit, [&](auto width) {
+    constexpr int kUnit = decltype(width)::value;
+    launch(write_raw_kernel<kUnit>, "write_raw_kernel", p, stream);
+  });
 }
 
 // True when both input rows can be read with 16-byte loads at every `vec`-value step.

@@ -32,40 +32,41 @@ void launch(const char* op, const char* name, Kernel kernel, const RowsLayout& l
   check_launch(op, name);
 }
 
+// An equal-dtype walk over src and dst (merged as m; src may be dst) in raw units: the widest
+// access (<= 16 bytes) that both start addresses, the row length and every row stride are a
+// multiple of when rows are contiguous, else one element.
+struct RawUnits {
+  int64_t bytes;
+  RowsLayout layout;
+};
+
+RawUnits raw_units(const MergedDims& m, const TensorView& src, const TensorView& dst) {
+  const int64_t elem = dst.element_size();
+  if (!m.inner_contiguous()) {
+    return {elem, rows_layout(m, elem, elem, m.inner(), m.src_stride[m.ndim - 1] * elem,
+                              m.dst_stride[m.ndim - 1] * elem)};
+  }
+  uint64_t rows_bytes[2 * kMaxOuterDims] = {};
+  for (int d = 0; d < m.ndim - 1; ++d) {
+    rows_bytes[2 * d] = static_cast<uint64_t>(m.src_stride[d] * elem);
+    rows_bytes[2 * d + 1] = static_cast<uint64_t>(m.dst_stride[d] * elem);
+  }
+  const int64_t unit = common_alignment(
+      {address(src.data), address(dst.data), static_cast<uint64_t>(m.inner() * elem), rows_bytes[0],
+       rows_bytes[1], rows_bytes[2], rows_bytes[3], rows_bytes[4], rows_bytes[5]},
+      kMaxAccessBytes);
+  return {unit, rows_layout(m, elem, elem, m.inner() * elem / unit, unit, unit)};
+}
+
 // Raw copy of equal-dtype views in units of the widest aligned access.
 void move_bytes(const char* op, const TensorView& src, const TensorView& dst, cudaStream_t stream) {
-  const MergedDims m = merge_dims(src, dst);
-  const int64_t elem = dst.element_size();
-  int64_t unit = elem;
-  int64_t units_per_row = m.inner();
-  int64_t src_step = m.src_stride[m.ndim - 1] * elem, dst_step = m.dst_stride[m.ndim - 1] * elem;
-  if (m.inner_contiguous()) {
-    uint64_t rows_bytes[2 * kMaxOuterDims] = {};
-    for (int d = 0; d < m.ndim - 1; ++d) {
-      rows_bytes[2 * d] = static_cast<uint64_t>(m.src_stride[d] * elem);
-      rows_bytes[2 * d + 1] = static_cast<uint64_t>(m.dst_stride[d] * elem);
-    }
-    unit = common_alignment(
-        {address(src.data), address(dst.data), static_cast<uint64_t>(m.inner() * elem),
-         rows_bytes[0], rows_bytes[1], rows_bytes[2], rows_bytes[3], rows_bytes[4], rows_bytes[5]},
-        kMaxAccessBytes);
-    units_per_row = m.inner() * elem / unit;
-    src_step = dst_step = unit;
-  }
+  const RawUnits r = raw_units(merge_dims(src, dst), src, dst);
   const ElementwiseParams p{static_cast<const char*>(src.data), static_cast<char*>(dst.data),
-                            rows_layout(m, elem, elem, units_per_row, src_step, dst_step)};
-  switch (unit) {
-    case 16:
-      return launch(op, "move_bytes_kernel<16>", move_bytes_kernel<16>, p.layout, stream, p);
-    case 8:
-      return launch(op, "move_bytes_kernel<8>", move_bytes_kernel<8>, p.layout, stream, p);
-    case 4:
-      return launch(op, "move_bytes_kernel<4>", move_bytes_kernel<4>, p.layout, stream, p);
-    case 2:
-      return launch(op, "move_bytes_kernel<2>", move_bytes_kernel<2>, p.layout, stream, p);
-    default:
-      return launch(op, "move_bytes_kernel<1>", move_bytes_kernel<1>, p.layout, stream, p);
-  }
+                            r.layout};
+  dispatch_access_width(r.bytes, [&](auto width) {
+    constexpr int kUnit = decltype(width)::value;
+    launch(op, "move_bytes_kernel", move_bytes_kernel<kUnit>, p.layout, stream, p);
+  });
 }
 
 // Elements per vector unit when In is read with 16-byte loads: 4 f32 or 8 16-bit values.
@@ -138,31 +139,12 @@ void fill_zero(const TensorView& dst, Stream stream) {
                "cudaMemsetAsync");
     return;
   }
-  int64_t unit = elem, units_per_row = m.inner(), step = m.dst_stride[m.ndim - 1] * elem;
-  if (m.inner_contiguous()) {
-    uint64_t rows_bytes[kMaxOuterDims] = {};
-    for (int d = 0; d < m.ndim - 1; ++d)
-      rows_bytes[d] = static_cast<uint64_t>(m.dst_stride[d] * elem);
-    unit = common_alignment({address(dst.data), static_cast<uint64_t>(m.inner() * elem),
-                             rows_bytes[0], rows_bytes[1], rows_bytes[2]},
-                            kMaxAccessBytes);
-    units_per_row = m.inner() * elem / unit;
-    step = unit;
-  }
-  const ElementwiseParams p{nullptr, static_cast<char*>(dst.data),
-                            rows_layout(m, elem, elem, units_per_row, step, step)};
-  switch (unit) {
-    case 16:
-      return launch(kOp, "zero_bytes_kernel<16>", zero_bytes_kernel<16>, p.layout, s, p);
-    case 8:
-      return launch(kOp, "zero_bytes_kernel<8>", zero_bytes_kernel<8>, p.layout, s, p);
-    case 4:
-      return launch(kOp, "zero_bytes_kernel<4>", zero_bytes_kernel<4>, p.layout, s, p);
-    case 2:
-      return launch(kOp, "zero_bytes_kernel<2>", zero_bytes_kernel<2>, p.layout, s, p);
-    default:
-      return launch(kOp, "zero_bytes_kernel<1>", zero_bytes_kernel<1>, p.layout, s, p);
-  }
+  const RawUnits r = raw_units(m, dst, dst);
+  const ElementwiseParams p{nullptr, static_cast<char*>(dst.data), r.layout};
+  dispatch_access_width(r.bytes, [&](auto width) {
+    constexpr int kUnit = decltype(width)::value;
+    launch(kOp, "zero_bytes_kernel", zero_bytes_kernel<kUnit>, p.layout, s, p);
+  });
 }
 
 void scaled_fp8_quant(const TensorView& x, const TensorView& out, float inv_scale, Stream stream) {
