@@ -15,11 +15,15 @@ using detail::require;
 
 namespace {
 
-// Fixed cost of one CTA in units of one key tile's streaming time (~2 us at 72 KiB per tile and a
-// 1/132 share of 4.4 TB/s): loading q, filling the copy pipeline and writing the result.
-constexpr int64_t kCtaOverheadTiles = 1;
-// The combine kernel (an extra launch plus writing and re-reading the partials), in the same unit.
-constexpr int64_t kCombineOverheadTiles = 1;
+// The cost model counts time in units of one key tile's streaming time: 64 entries of 576 bf16
+// values (72 KiB) at a 1/num_sms share of the memory bandwidth, about 2 us on an H200.
+constexpr double kTileBytes = 64.0 * 1152.0;
+// Fixed cost of one CTA: loading q, filling the copy pipeline and the epilogue.
+constexpr double kCtaOverheadTiles = 1.0;
+// The combine kernel's launch and tail, besides reading the partials.
+constexpr double kCombineOverheadTiles = 1.0;
+// One partial row: 512 f32 values and the LSE, written by the decode and read by the combine.
+constexpr double kPartialRowBytes = 513.0 * 4.0;
 
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
@@ -34,14 +38,25 @@ int64_t decode_num_splits(int64_t batch, int64_t rows_per_request, int64_t max_s
   require(num_sms > 0, ErrorCode::kInvalidArgument, kOp, ": num_sms must be > 0, got ", num_sms);
   if (batch == 0 || rows_per_request == 0) return 1;
   const int64_t tiles = std::max<int64_t>(1, ceil_div(max_seq_len, kDecodeKeyTile));
-  const int64_t ctas_per_split =
-      batch * ceil_div(rows_per_request, decode_rows_per_cta(rows_per_request));
-  int64_t best = 1, best_cost = std::numeric_limits<int64_t>::max();
+  const int64_t rows_per_cta = decode_rows_per_cta(rows_per_request);
+  const int64_t ctas_per_split = batch * ceil_div(rows_per_request, rows_per_cta);
+  // A CTA of a split request also writes its partial rows; the combine reads all of them back
+  // spread over the whole GPU.
+  const double partial_write_tiles =
+      static_cast<double>(std::min(rows_per_cta, rows_per_request)) * kPartialRowBytes / kTileBytes;
+  int64_t best = 1;
+  double best_cost = std::numeric_limits<double>::infinity();
   for (int64_t s = 1; s <= std::min(tiles, kMaxDecodeSplits); ++s) {
     const int64_t waves = ceil_div(ctas_per_split * s, num_sms);
-    const int64_t cost =
-        waves * (ceil_div(tiles, s) + kCtaOverheadTiles) + (s > 1 ? kCombineOverheadTiles : 0);
-    if (cost < best_cost) best = s, best_cost = cost;
+    double cost =
+        static_cast<double>(waves) * (static_cast<double>(ceil_div(tiles, s)) + kCtaOverheadTiles +
+                                      (s > 1 ? partial_write_tiles : 0.0));
+    if (s > 1) {
+      cost += kCombineOverheadTiles + static_cast<double>(batch * rows_per_request * s) *
+                                          kPartialRowBytes /
+                                          (static_cast<double>(num_sms) * kTileBytes);
+    }
+    if (cost < best_cost * (1.0 - 1e-9)) best = s, best_cost = cost;  // ties: fewer splits
   }
   return best;
 }

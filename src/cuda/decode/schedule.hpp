@@ -21,9 +21,10 @@ inline constexpr int64_t kMaxDecodeSplits = 256;
 
 // Splits per request for B requests of `rows_per_request` = s_q * N query rows whose lengths are at
 // most `max_seq_len` (e.g. block-table width x block size), on a GPU with `num_sms` SMs. Picks the
-// S that minimizes the modelled run time: waves of one CTA per SM, each CTA streaming
-// ceil(tiles / S) key tiles plus about one tile's worth of fixed cost, plus one tile for the
-// combine when S > 1. Ties go to the smaller S.
+// S that minimizes a modelled run time, in units of one 64-key bf16 tile's streaming time per SM:
+// waves of one CTA per SM, each CTA streaming ceil(tiles / S) tiles plus one tile of fixed cost
+// plus (S > 1) writing its partial rows; then (S > 1) one tile for the combine launch plus reading
+// all partials back over the whole GPU. Ties go to the smaller S.
 int64_t decode_num_splits(int64_t batch, int64_t rows_per_request, int64_t max_seq_len,
                           int64_t num_sms);
 

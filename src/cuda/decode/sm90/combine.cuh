@@ -7,17 +7,17 @@
 
 #include <cuda_runtime.h>
 
-#include <cmath>
-#include <cstdint>
-
 #include "cuda/decode/sm90/params.cuh"
 
 namespace mlakit::cuda::decode_sm90 {
 
-inline constexpr int kCombineWarps = 8;               // rows per CTA: one warp per row
-inline constexpr int kCombineColsPerLane = 512 / 32;  // 16 columns: four float4 per lane
+// One CTA per (request, row): two groups of 128 threads, each thread one float4 of the 512
+// columns, the groups taking even and odd splits, so that a row with many splits (B = 1, S = 64)
+// keeps 256 independent 16-byte loads in flight per step instead of walking its splits serially.
+inline constexpr int kCombineThreads = 256;
+inline constexpr int kCombineGroups = 2;
 
-// Launches the combine over grid.x CTAs of kCombineWarps rows; the launcher checks for errors.
+// Launches the combine over grid.x = B x rows CTAs; the launcher checks for errors.
 void launch_combine_kernel(const CombineParams& params, dim3 grid, cudaStream_t stream);
 
 }  // namespace mlakit::cuda::decode_sm90

@@ -102,9 +102,10 @@ void check_supported(const cpu::DecodeProblem& pr, const DecodeSchedule& schedul
           ": on CUDA, split_workspace must start on a 16-byte boundary");
   const int64_t rows = pr.q.size(1) * pr.q.size(2);
   const int64_t ctas = batch * s * ((rows + kDecodeRowsSmall - 1) / kDecodeRowsSmall);
-  require(rows <= kInt32Max && ctas <= kInt32Max, ErrorCode::kUnsupported, kOp,
-          ": batch x splits x row tiles must fit in one grid (2^31 - 1 CTAs), got batch ", batch,
-          ", ", s, " splits, ", rows, " rows per request");
+  require(ctas <= kInt32Max && batch * rows <= kInt32Max, ErrorCode::kUnsupported, kOp,
+          ": batch x splits x row tiles and batch x s_q x N must fit in one grid (2^31 - 1 CTAs), "
+          "got batch ",
+          batch, ", ", s, " splits, ", rows, " rows per request");
 }
 
 DecodeKernelParams make_params(const cpu::DecodeProblem& pr, int64_t splits) {
@@ -228,8 +229,7 @@ void mla_decode(const cpu::DecodeProblem& problem, const DecodeSchedule& schedul
     c.num_heads = k.num_heads;
     c.rows = k.rows;
     c.num_splits = k.num_splits;
-    const int64_t rows = int64_t{k.batch} * k.rows;
-    const dim3 combine_grid(static_cast<unsigned>((rows + kCombineWarps - 1) / kCombineWarps));
+    const dim3 combine_grid(static_cast<unsigned>(int64_t{k.batch} * k.rows));  // one CTA per row
     launch_combine_kernel(c, combine_grid, cuda_stream);
     check_cuda(cudaGetLastError(), "combine kernel launch");
   }
