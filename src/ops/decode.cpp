@@ -10,6 +10,10 @@
 #include "mlakit/kv_cache.hpp"
 #include "mlakit/ops.hpp"
 
+#ifdef MLAKIT_WITH_CUDA
+#include "cuda/decode/decode.hpp"
+#endif
+
 namespace mlakit::ops {
 
 using detail::check_dtype;
@@ -217,8 +221,7 @@ int64_t mla_decode_workspace_elems(const DecodeSchedule& schedule, int64_t s_q, 
 void mla_decode(const TensorView& q, const TensorView& kv_cache, const TensorView& block_table,
                 const TensorView& seq_lens, const TensorView& out,
                 const TensorView& lse_tokens_heads, const DecodeParams& params,
-                const DecodeSchedule& schedule, const TensorView& split_workspace,
-                Stream /*stream*/) {
+                const DecodeSchedule& schedule, const TensorView& split_workspace, Stream stream) {
   const Device device = detail::common_device(kOp, {{"q", &q},
                                                     {"kv_cache", &kv_cache},
                                                     {"block_table", &block_table},
@@ -228,6 +231,15 @@ void mla_decode(const TensorView& q, const TensorView& kv_cache, const TensorVie
                                                     {"split_workspace", &split_workspace}});
   const cpu::DecodeProblem problem = validate(q, kv_cache, block_table, seq_lens, out,
                                               lse_tokens_heads, params, schedule, split_workspace);
+#ifdef MLAKIT_WITH_CUDA
+  // Index contents stay on the device (no host sync): the kernel guards them itself.
+  if (device.is_cuda()) {
+    cuda::mla_decode(problem, schedule, stream);
+    return;
+  }
+#else
+  (void)stream;
+#endif
   if (!device.is_cpu()) detail::unsupported_device(kOp, device);
   validate_indices_host(problem, schedule);
   cpu::mla_decode(problem, schedule);

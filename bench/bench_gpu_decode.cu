@@ -1,0 +1,289 @@
+// CUDA absorbed-MQA decode (ops::mla_decode on device tensors) against this GPU's ceilings,
+// measured in the same run: device-to-device copy bandwidth (cudaMemcpy of 2 GiB, read + write
+// bytes), streaming-read bandwidth (a 16-byte-load kernel over 2 GiB) and the bf16 matrix peak
+// (cublasGemmEx 8192^3, bf16 in/out, f32 compute). Floor = max(bytes / read bandwidth, FLOPs /
+// bf16 peak) as in PERF.md; bytes = KV + q + out (+ lse), FLOPs = 2 s_q h_q sum(s_kv) (576 + 512).
+// Each case cycles through enough copies of all its inputs that one cycle reads more than 3x the
+// L2 (180 MiB on an H200); one CUDA graph holds one decode per copy; per-decode time = replay
+// time / copies; median of kReps replays.
+#include <cublas_v2.h>
+#include <cuda_bf16.h>
+#include <cuda_fp8.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <numeric>
+#include <random>
+#include <vector>
+
+#include "cuda/decode/schedule.hpp"
+#include "mlakit/kv_cache.hpp"
+#include "mlakit/ops.hpp"
+#include "mlakit/plan.hpp"
+
+namespace {
+
+using mlakit::Device;
+using mlakit::DType;
+using mlakit::KvCacheDType;
+using mlakit::Tensor;
+
+constexpr int kReps = 7;                              // timed replays per measurement (median)
+constexpr int64_t kCeilingBytes = int64_t{2} << 30;   // 2 GiB: > 30x the 60 MiB L2
+constexpr int64_t kRotateBytes = int64_t{180} << 20;  // 3x L2: one cycle of copies exceeds it
+constexpr int kGemmN = 8192;                          // PERF.md's bf16 ceiling GEMM, 8192^3
+constexpr int64_t kPageSize = 64;                     // PERF.md's decode grid page size
+constexpr float kScale = 0.1352338f;                  // DeepSeek-V3 softmax scale
+
+void check(cudaError_t status, const char* what) {
+  if (status != cudaSuccess) {
+    std::fprintf(stderr, "%s failed: %s\n", what, cudaGetErrorString(status));
+    std::exit(1);
+  }
+}
+void check(cublasStatus_t status, const char* what) {
+  if (status != CUBLAS_STATUS_SUCCESS) {
+    std::fprintf(stderr, "%s failed: cuBLAS status %d\n", what, static_cast<int>(status));
+    std::exit(1);
+  }
+}
+
+// Median of kReps timings (ms) of `fn` on `stream`, after one warm-up call.
+template <class Fn>
+double median_ms(cudaStream_t stream, const Fn& fn) {
+  cudaEvent_t start, stop;
+  check(cudaEventCreate(&start), "cudaEventCreate");
+  check(cudaEventCreate(&stop), "cudaEventCreate");
+  fn();
+  std::vector<double> t;
+  for (int r = 0; r < kReps; ++r) {
+    check(cudaEventRecord(start, stream), "cudaEventRecord");
+    fn();
+    check(cudaEventRecord(stop, stream), "cudaEventRecord");
+    check(cudaEventSynchronize(stop), "cudaEventSynchronize");
+    float ms = 0;
+    check(cudaEventElapsedTime(&ms, start, stop), "cudaEventElapsedTime");
+    t.push_back(ms);
+  }
+  cudaEventDestroy(start);
+  cudaEventDestroy(stop);
+  std::sort(t.begin(), t.end());
+  return t[t.size() / 2];
+}
+
+// ---- random device data
+// --------------------------------------------------------------------------
+
+__device__ float hash_uniform(uint64_t i, uint64_t seed) {
+  uint64_t x = (i + 1) * 0x9E3779B97F4A7C15ull ^ seed;
+  x ^= x >> 31;
+  x *= 0xBF58476D1CE4E5B9ull;
+  x ^= x >> 27;
+  return static_cast<float>(x >> 40) * (2.0f / 16777216.0f) - 1.0f;  // [-1, 1)
+}
+
+// Fills n elements of `dtype` (bf16, or finite e4m3 bytes) with values in [-1, 1).
+__global__ void fill_random(void* data, int64_t n, DType dtype, uint64_t seed) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
+       i += int64_t{gridDim.x} * blockDim.x) {
+    const float v = hash_uniform(static_cast<uint64_t>(i), seed);
+    if (dtype == DType::kBF16) {
+      static_cast<__nv_bfloat16*>(data)[i] = __float2bfloat16(v);
+    } else {
+      static_cast<__nv_fp8_storage_t*>(data)[i] =
+          __nv_cvt_float_to_fp8(v * 4.0f, __NV_SATFINITE, __NV_E4M3);
+    }
+  }
+}
+
+void fill(const Tensor& t, uint64_t seed) {
+  fill_random<<<1024, 256>>>(t.view().data, t.numel(), t.view().dtype, seed);
+  check(cudaGetLastError(), "fill_random");
+}
+
+// ---- ceilings
+// --------------------------------------------------------------------------------------
+
+// Reads n 16-byte vectors once (streaming loads, four in flight per thread per unrolled step).
+__global__ void stream_read(const uint4* __restrict__ data, int64_t n, uint32_t* sink) {
+  uint32_t acc = 0;
+#pragma unroll 4
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
+       i += int64_t{gridDim.x} * blockDim.x) {
+    const uint4 v = __ldcs(data + i);
+    acc ^= v.x ^ v.y ^ v.z ^ v.w;
+  }
+  if (acc == 0x9E3779B9u) *sink = acc;  // keeps the loads; practically never stores
+}
+
+struct Ceilings {
+  double copy_gbs, read_gbs, bf16_tflops;
+};
+
+Ceilings measure_ceilings(cudaStream_t stream, int num_sms) {
+  Ceilings c{};
+  void *src = nullptr, *dst = nullptr;
+  uint32_t* sink = nullptr;
+  check(cudaMalloc(&src, kCeilingBytes), "cudaMalloc");
+  check(cudaMalloc(&dst, kCeilingBytes), "cudaMalloc");
+  check(cudaMalloc(&sink, sizeof(uint32_t)), "cudaMalloc");
+  check(cudaMemset(src, 1, kCeilingBytes), "cudaMemset");
+  const double copy_ms = median_ms(stream, [&] {
+    check(cudaMemcpyAsync(dst, src, kCeilingBytes, cudaMemcpyDeviceToDevice, stream), "copy");
+  });
+  c.copy_gbs = 2.0 * kCeilingBytes / (copy_ms * 1e-3) / 1e9;
+  const double read_ms = median_ms(stream, [&] {
+    stream_read<<<num_sms * 8, 512, 0, stream>>>(static_cast<const uint4*>(src), kCeilingBytes / 16,
+                                                 sink);
+  });
+  c.read_gbs = kCeilingBytes / (read_ms * 1e-3) / 1e9;
+  check(cudaFree(src), "cudaFree");
+  check(cudaFree(dst), "cudaFree");
+  check(cudaFree(sink), "cudaFree");
+
+  const int64_t n = kGemmN;
+  const Tensor a = Tensor::empty({n, n}, DType::kBF16, Device::cuda(0));
+  const Tensor b = Tensor::empty({n, n}, DType::kBF16, Device::cuda(0));
+  const Tensor d = Tensor::empty({n, n}, DType::kBF16, Device::cuda(0));
+  fill(a, 1);
+  fill(b, 2);
+  cublasHandle_t handle;
+  check(cublasCreate(&handle), "cublasCreate");
+  check(cublasSetStream(handle, stream), "cublasSetStream");
+  const float alpha = 1.0f, beta = 0.0f;
+  const double gemm_ms = median_ms(stream, [&] {
+    check(
+        cublasGemmEx(handle, CUBLAS_OP_N, CUBLAS_OP_N, kGemmN, kGemmN, kGemmN, &alpha,
+                     a.view().data, CUDA_R_16BF, kGemmN, b.view().data, CUDA_R_16BF, kGemmN, &beta,
+                     d.view().data, CUDA_R_16BF, kGemmN, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+        "cublasGemmEx");
+  });
+  c.bf16_tflops = 2.0 * n * n * n / (gemm_ms * 1e-3) / 1e12;
+  cublasDestroy(handle);
+  return c;
+}
+
+// ---- decode cases ------------------------------------------------------------------------------
+
+struct Case {
+  int64_t batch, s_kv, heads, s_q;
+  KvCacheDType kv_dtype;
+};
+
+// All inputs and outputs of one decode call.
+struct Copy {
+  Tensor q, cache, block_table, seq_lens, out, lse, workspace;
+};
+
+Copy make_copy(const Case& c, const mlakit::DecodeSchedule& schedule, std::mt19937_64& rng,
+               uint64_t seed) {
+  const bool fp8 = c.kv_dtype == KvCacheDType::kFp8E4m3;
+  const DType element = fp8 ? DType::kFp8E4m3 : DType::kBF16;
+  const int64_t pages = (c.s_kv + kPageSize - 1) / kPageSize;
+  const int64_t num_blocks = c.batch * pages;
+  const Device gpu = Device::cuda(0);
+  Copy k;
+  k.q = Tensor::empty({c.batch, c.s_q, c.heads, 576}, element, gpu);
+  k.cache = Tensor::empty({num_blocks, kPageSize, 576}, fp8 ? DType::kU8 : DType::kBF16, gpu);
+  fill(k.q, seed);
+  fill(k.cache, seed + 1);  // u8 storage is filled as finite e4m3
+  // Requests own shuffled pages, as a paged allocator hands them out.
+  std::vector<int32_t> ids(num_blocks);
+  std::iota(ids.begin(), ids.end(), 0);
+  std::shuffle(ids.begin(), ids.end(), rng);
+  const std::vector<int32_t> lens(c.batch, static_cast<int32_t>(c.s_kv));
+  k.block_table = Tensor::empty({c.batch, pages}, DType::kI32, gpu);
+  k.seq_lens = Tensor::empty({c.batch}, DType::kI32, gpu);
+  check(cudaMemcpy(k.block_table.view().data, ids.data(), ids.size() * 4, cudaMemcpyHostToDevice),
+        "table");
+  check(cudaMemcpy(k.seq_lens.view().data, lens.data(), lens.size() * 4, cudaMemcpyHostToDevice),
+        "lens");
+  k.out = Tensor::empty({c.batch, c.s_q, c.heads, 512}, DType::kBF16, gpu);
+  k.lse = Tensor::empty({c.batch, c.s_q, c.heads}, DType::kF32, gpu);
+  k.workspace = Tensor::empty({std::max<int64_t>(1, mlakit::ops::mla_decode_workspace_elems(
+                                                        schedule, c.s_q, c.heads, 512))},
+                              DType::kF32, gpu);
+  return k;
+}
+
+void run_case(const Case& c, const Ceilings& ceil, cudaStream_t stream) {
+  const bool fp8 = c.kv_dtype == KvCacheDType::kFp8E4m3;
+  const int64_t entry_bytes = fp8 ? 576 : 1152;
+  const int64_t elem = fp8 ? 1 : 2;  // q bytes per value (fp8 q with an fp8 cache)
+  const int64_t kv_bytes = c.batch * c.s_kv * entry_bytes;
+  const int64_t q_bytes = c.batch * c.s_q * c.heads * 576 * elem;
+  const int64_t out_bytes = c.batch * c.s_q * c.heads * (512 * 2 + 4);
+  const int64_t bytes = kv_bytes + q_bytes + out_bytes;
+  const double flops = 2.0 * c.s_q * c.heads * double(c.batch * c.s_kv) * (576 + 512);
+
+  const mlakit::DecodeSchedule schedule =
+      mlakit::cuda::plan_decode_splits_cuda(c.batch, c.s_q, c.heads, c.s_kv, Device::cuda(0));
+  const int copies = static_cast<int>(std::max<int64_t>(1, (kRotateBytes + bytes - 1) / bytes));
+  std::mt19937_64 rng(42);
+  std::vector<Copy> k;
+  for (int i = 0; i < copies; ++i) k.push_back(make_copy(c, schedule, rng, 100 + 10 * i));
+  check(cudaDeviceSynchronize(), "fill");
+
+  const mlakit::ops::DecodeParams params{kScale, c.kv_dtype, 1.0f, 1.0f};
+  cudaGraph_t graph;
+  cudaGraphExec_t exec;
+  check(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal), "begin capture");
+  for (const Copy& x : k) {
+    mlakit::ops::mla_decode(x.q, x.cache, x.block_table, x.seq_lens, x.out, x.lse, params, schedule,
+                            x.workspace, mlakit::Stream{stream});
+  }
+  check(cudaStreamEndCapture(stream, &graph), "end capture");
+  check(cudaGraphInstantiate(&exec, graph, 0), "instantiate");
+  const double ms =
+      median_ms(stream, [&] { check(cudaGraphLaunch(exec, stream), "replay"); }) / copies;
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+
+  const double us = ms * 1e3;
+  const double floor_us =
+      std::max(bytes / (ceil.read_gbs * 1e9), flops / (ceil.bf16_tflops * 1e12)) * 1e6;
+  std::printf("%5ld %6ld %4ld %3ld  %-5s %6ld %9.1f %8.0f %7.1f %9.1f %6.1f%%\n", c.batch, c.s_kv,
+              c.heads, c.s_q, fp8 ? "fp8" : "bf16", schedule.max_splits, us,
+              bytes / (us * 1e-6) / 1e9, flops / (us * 1e-6) / 1e12, floor_us,
+              100.0 * floor_us / us);
+}
+
+}  // namespace
+
+int main() {
+  int count = 0;
+  if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
+    std::printf("bench_gpu_decode: no CUDA device\n");
+    return 0;
+  }
+  cudaDeviceProp prop;
+  check(cudaGetDeviceProperties(&prop, 0), "cudaGetDeviceProperties");
+  std::printf("%s: %d SMs, %.0f MiB L2\n", prop.name, prop.multiProcessorCount,
+              prop.l2CacheSize / 1048576.0);
+  cudaStream_t stream;
+  check(cudaStreamCreate(&stream), "cudaStreamCreate");
+
+  const Ceilings ceil = measure_ceilings(stream, prop.multiProcessorCount);
+  std::printf(
+      "ceilings: D2D copy %.0f GB/s (read + write), streaming read %.0f GB/s, "
+      "bf16 GEMM %d^3 %.0f TFLOP/s\n\n",
+      ceil.copy_gbs, ceil.read_gbs, kGemmN, ceil.bf16_tflops);
+
+  std::printf(
+      "    B   s_kv  h_q s_q  cache splits        us     GB/s    TF/s  floor us  %% floor\n");
+  const Case cases[] = {
+      {128, 4096, 16, 1, KvCacheDType::kAuto},    {128, 4096, 128, 1, KvCacheDType::kAuto},
+      {128, 8192, 16, 1, KvCacheDType::kAuto},    {128, 8192, 128, 1, KvCacheDType::kAuto},
+      {128, 8192, 128, 2, KvCacheDType::kAuto},   {64, 1024, 16, 1, KvCacheDType::kAuto},
+      {32, 1024, 16, 1, KvCacheDType::kAuto},     {32, 4096, 128, 1, KvCacheDType::kAuto},
+      {1, 4096, 128, 1, KvCacheDType::kAuto},     {128, 4096, 16, 1, KvCacheDType::kFp8E4m3},
+      {128, 8192, 16, 1, KvCacheDType::kFp8E4m3}, {64, 1024, 16, 1, KvCacheDType::kFp8E4m3},
+      {32, 1024, 16, 1, KvCacheDType::kFp8E4m3},
+  };
+  for (const Case& c : cases) run_case(c, ceil, stream);
+  cudaStreamDestroy(stream);
+  return 0;
+}

@@ -1,0 +1,11 @@
+// sm90 decode for fp8_e4m3 caches with f16 MMAs, 16 and 64 query rows per CTA.
+#include "cuda/decode/sm90/kernel.cuh"
+
+namespace mlakit::cuda::decode_sm90 {
+
+template void launch_decode_kernel<Config<16, CacheFormat::kFp8E4m3, F16Mma>>(
+    const DecodeKernelParams&, dim3, cudaStream_t);
+template void launch_decode_kernel<Config<64, CacheFormat::kFp8E4m3, F16Mma>>(
+    const DecodeKernelParams&, dim3, cudaStream_t);
+
+}  // namespace mlakit::cuda::decode_sm90

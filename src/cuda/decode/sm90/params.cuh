@@ -1,0 +1,69 @@
+// Kernel arguments of the sm90 decode and its combine: plain data, passed as __grid_constant__.
+// Strides are in elements of the tensor's own dtype unless the name says bytes.
+#pragma once
+
+#include <cstdint>
+
+namespace mlakit::cuda::decode_sm90 {
+
+// Element types the kernels read or write at run time (q, out); the cache's are compile-time.
+enum class RuntimeDType : int32_t { kF32, kF16, kBF16, kFp8E4m3 };
+
+struct DecodeKernelParams {
+  // q: [B, s_q, N, 576]; row r = j * N + n of request b is q[b, j, n, :]
+  const void* q;
+  int64_t q_stride_batch, q_stride_query, q_stride_head;
+  RuntimeDType q_dtype;
+  bool q_rows_16b_aligned;  // every q row starts on a 16-byte boundary (vector loads)
+
+  // kv_cache: [num_blocks, block_size, entry] (entry bytes fixed by the cache format)
+  const uint8_t* cache;
+  int64_t cache_stride_block_bytes, cache_stride_slot_bytes;
+  int32_t num_blocks;
+  int32_t block_size;
+
+  // block_table: i32 [B, max_blocks]; seq_lens: i32 [B]
+  const int32_t* block_table;
+  int64_t block_table_stride_batch, block_table_stride_col;
+  const int32_t* seq_lens;
+  int64_t seq_lens_stride;
+  int32_t max_seq_len;  // min(max_blocks * block_size, 2^31 - 1): longer seq_lens are invalid
+
+  // out: [B, s_q, N, 512] out_dtype; lse: f32 [B, s_q, N]
+  void* out;
+  int64_t out_stride_batch, out_stride_query, out_stride_head;
+  RuntimeDType out_dtype;
+  float* lse;
+  int64_t lse_stride_batch, lse_stride_query, lse_stride_head;
+
+  // Split partials (used when num_splits > 1), in the caller's f32 workspace:
+  // partial_out: [B, num_splits, rows, 512] (normalized), partial_lse: [B, num_splits, rows]
+  float* partial_out;
+  float* partial_lse;
+
+  int32_t batch;
+  int32_t s_q;
+  int32_t num_heads;
+  int32_t rows;        // s_q * num_heads: query rows per request
+  int32_t row_tiles;   // ceil(rows / kBlockM): CTAs per (request, split)
+  int32_t num_splits;  // uniform split count S
+
+  float score_scale_log2;  // softmax scale * q_scale (fp8 q) * k_scale (fp8_e4m3) * log2(e)
+  float value_scale;       // k_scale for fp8_e4m3 caches, else 1
+};
+
+struct CombineParams {
+  const float* partial_out;  // [B, num_splits, rows, 512]
+  const float* partial_lse;  // [B, num_splits, rows]
+  void* out;                 // [B, s_q, N, 512]
+  int64_t out_stride_batch, out_stride_query, out_stride_head;
+  RuntimeDType out_dtype;
+  float* lse;  // f32 [B, s_q, N]
+  int64_t lse_stride_batch, lse_stride_query, lse_stride_head;
+  int32_t batch;
+  int32_t num_heads;
+  int32_t rows;
+  int32_t num_splits;
+};
+
+}  // namespace mlakit::cuda::decode_sm90

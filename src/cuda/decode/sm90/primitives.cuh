@@ -1,0 +1,117 @@
+// PTX wrappers the sm90 decode is built from: cp.async copies, ldmatrix fragment loads, the
+// m16n8k16 tensor-core MMA in bf16 and f16, fp8 e4m3 -> 16-bit conversion, and the swizzled
+// shared-memory addressing every tile uses.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
+
+#include <cstdint>
+
+namespace mlakit::cuda::decode_sm90 {
+
+__device__ __forceinline__ uint32_t smem_addr(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+// Byte offset of 16-byte chunk `chunk` of row `row` in a tile whose rows are `kRowBytes` long (a
+// multiple of 128). Chunks are XOR-permuted inside each 128-byte group by row % 8, so the 8 rows
+// that one ldmatrix phase reads (same logical chunk, 8 consecutive rows) fall into 8 different
+// groups of 4 banks: conflict-free without padding.
+template <int kRowBytes>
+__device__ __forceinline__ uint32_t swizzled(int row, int chunk) {
+  static_assert(kRowBytes % 128 == 0, "swizzled rows must be whole 128-byte groups");
+  return static_cast<uint32_t>(row * kRowBytes + ((chunk ^ (row & 7)) << 4));
+}
+
+// 16-byte global -> shared copy that bypasses L1 (the cache is streamed once). With `valid` false
+// nothing is read and the 16 bytes are zero-filled (src-size 0); `src` must still be a mapped
+// address, so callers pass the cache base then.
+__device__ __forceinline__ void cp_async_16(uint32_t dst, const void* src, bool valid) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
+               "r"(valid ? 16 : 0));
+}
+__device__ __forceinline__ void cp_async_commit() {
+  asm volatile("cp.async.commit_group;\n" ::: "memory");
+}
+// Waits until at most kPending of this thread's committed groups are still in flight.
+template <int kPending>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending) : "memory");
+}
+
+// Four 8x8 16-bit matrices; lanes 8i..8i+7 give the row addresses of matrix i, and lane l receives
+// elements (l / 4, 2 (l % 4) + {0, 1}) of each (transposed: (2 (l % 4) + {0, 1}, l / 4)).
+__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], uint32_t addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
+__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], uint32_t addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
+
+// 2^x with the SFU (max relative error 2^-22); 2^-inf = +0.
+__device__ __forceinline__ float fast_exp2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+}
+
+// Two e4m3 values (low byte first) -> two f16 in one register; exact (e4m3 NaN stays NaN).
+__device__ __forceinline__ uint32_t e4m3x2_to_f16x2(uint16_t two) {
+  const __half2_raw h =
+      __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(two), __NV_E4M3);
+  return static_cast<uint32_t>(h.x) | (static_cast<uint32_t>(h.y) << 16);
+}
+__device__ __forceinline__ float2 f16x2_to_float2(uint32_t v) {
+  __half2 h;
+  memcpy(&h, &v, sizeof(h));
+  return __half22float2(h);
+}
+
+// The element type both MMA operands have: every tile the tensor cores read is in it. Fragment
+// registers hold two elements, the lower-indexed one in the low half.
+struct Bf16Mma {
+  __device__ __forceinline__ static uint32_t pack(float lo, float hi) {
+    const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+    uint32_t r;
+    memcpy(&r, &v, sizeof(r));
+    return r;
+  }
+  __device__ __forceinline__ static uint32_t from_e4m3x2(uint16_t two) {
+    const float2 f = f16x2_to_float2(e4m3x2_to_f16x2(two));  // e4m3 -> f16 -> f32 -> bf16: exact
+    return pack(f.x, f.y);
+  }
+  __device__ __forceinline__ static void mma(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,
+                                             uint32_t b1) {
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+        "{%8, %9}, {%0, %1, %2, %3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  }
+};
+
+struct F16Mma {
+  __device__ __forceinline__ static uint32_t pack(float lo, float hi) {
+    const __half2 v = __floats2half2_rn(lo, hi);
+    uint32_t r;
+    memcpy(&r, &v, sizeof(r));
+    return r;
+  }
+  __device__ __forceinline__ static uint32_t from_e4m3x2(uint16_t two) {
+    return e4m3x2_to_f16x2(two);
+  }
+  __device__ __forceinline__ static void mma(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,
+                                             uint32_t b1) {
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+        "{%8, %9}, {%0, %1, %2, %3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  }
+};
+
+}  // namespace mlakit::cuda::decode_sm90

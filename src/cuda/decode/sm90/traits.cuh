@@ -1,0 +1,120 @@
+// Compile-time shape of the sm90 decode kernel: tiles, warp layout, copy mapping, pipeline depth
+// and the shared-memory plan. One Config per (query rows per CTA, cache format, MMA element type).
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+
+#include "cuda/decode/sm90/primitives.cuh"
+#include "cuda/decode/tile_shape.hpp"
+
+namespace mlakit::cuda::decode_sm90 {
+
+// How a cached token is stored (kv_cache.hpp): kNative entries are 576 values of the MMA element
+// type and feed the tensor cores as copied; the fp8 formats are copied raw, then converted to the
+// MMA element type in shared memory before the MMAs read them.
+enum class CacheFormat { kNative, kFp8E4m3, kFp8DsMla };
+
+inline constexpr int kDimQK = 576;  // L + R = 512 + 64: the q / K width (the only one supported)
+inline constexpr int kDimV = 512;   // L: the V width (V = K[:, 0:512])
+inline constexpr int kWarps = 8;    // 8 warps x 64 output columns cover V's 512 columns
+inline constexpr int kThreads = kWarps * 32;
+inline constexpr int kBlockN = static_cast<int>(kDecodeKeyTile);  // keys per tile (tile_shape.hpp)
+inline constexpr int kRowBytes = kDimQK * 2;                      // 1152: one 16-bit q or K row
+inline constexpr int kRowChunks = kRowBytes / 16;                 // 72 16-byte chunks per row
+inline constexpr int kTileBytes = kBlockN * kRowBytes;            // 73,728: one 16-bit K/V tile
+inline constexpr int kPRowBytes = kBlockN * 2;  // 128: one row of P (64 keys, 16-bit)
+// sm_90's opt-in dynamic shared memory per block (cudaDevAttrMaxSharedMemoryPerBlockOptin, 227
+// KiB).
+inline constexpr int kSmemLimit = 232448;
+// Deepest copy pipeline: 3 tiles in flight already cover the ~1.5 us of HBM latency at a 1/132
+// share of the bandwidth; deeper only costs shared memory.
+inline constexpr int kMaxStages = 4;
+
+constexpr int align128(int bytes) { return (bytes + 127) / 128 * 128; }
+
+template <CacheFormat F>
+inline constexpr int kRawEntryBytes = 0;
+template <>
+inline constexpr int kRawEntryBytes<CacheFormat::kNative> = kRowBytes;  // 576 x 16-bit
+template <>
+inline constexpr int kRawEntryBytes<CacheFormat::kFp8E4m3> = kDimQK;  // 576 x e4m3
+template <>  // 512 e4m3 + 4 f32 tile scales + 64 x 16-bit rope (kv_cache.hpp)
+inline constexpr int kRawEntryBytes<CacheFormat::kFp8DsMla> = 656;
+
+template <int kBlockM_, CacheFormat kFormat_, class Element_>
+struct Config {
+  using Element = Element_;  // Bf16Mma or F16Mma
+  static constexpr CacheFormat kFormat = kFormat_;
+  static constexpr int kBlockM = kBlockM_;  // query rows per CTA
+  static constexpr bool kConvert = kFormat != CacheFormat::kNative;
+  // With 16 rows every warp needs all of q for its scores; holding q's 36 A fragments in registers
+  // (144 per thread) saves re-reading 18 KiB of shared memory per warp per tile. With 64 rows the
+  // O accumulator takes 128 registers per thread and q stays in shared memory.
+  static constexpr bool kQInRegisters = kBlockM == 16;
+
+  // ---- S = q K^T: warp (row group, key group) computes 16 rows x kKeysPerWarp keys over all 576.
+  static constexpr int kRowGroups = kBlockM / 16;
+  static constexpr int kKeyGroups = kWarps / kRowGroups;  // warps sharing one row group
+  static constexpr int kKeysPerWarp = kBlockN / kKeyGroups;
+  static constexpr int kScoreTiles = kKeysPerWarp / 8;  // n8 MMA tiles per warp
+  // One n8 tile is a chain of 36 dependent MMAs; two accumulators (even / odd k) halve its latency.
+  static constexpr int kScoreChains = kScoreTiles == 1 ? 2 : 1;
+
+  // ---- O += P V: warp w owns columns [64 w, 64 w + 64) of all kBlockM rows, so V is read once.
+  static constexpr int kColsPerWarp = kDimV / kWarps;  // 64
+  static constexpr int kColTiles = kColsPerWarp / 8;   // 8 n8 tiles
+  static constexpr int kRowTiles = kBlockM / 16;       // m16 tiles
+
+  // ---- Copy of one key tile: kThreadsPerKey threads copy one entry, 16 bytes each per step, so a
+  // warp reads 4 (bf16) or 8 (fp8) entries with 128- or 64-byte contiguous runs.
+  static constexpr int kRawEntry = kRawEntryBytes<kFormat>;
+  static constexpr int kRawTileBytes = kBlockN * kRawEntry;
+  static constexpr int kRawChunks = kRawEntry / 16;  // 72, 36, 41
+  static constexpr int kThreadsPerKey = kRawChunks >= 64 ? 8 : 4;
+  static constexpr int kKeysPerPass = kThreads / kThreadsPerKey;
+  static constexpr int kLoadPasses = kBlockN / kKeysPerPass;  // keys (page lookups) per thread
+  static constexpr int kChunkSteps = (kRawChunks + kThreadsPerKey - 1) / kThreadsPerKey;
+
+  // ---- Shared memory plan (byte offsets; every region 128-byte aligned).
+  static constexpr int kConvBytes = kConvert ? kTileBytes : 0;  // converted 16-bit tile
+  static constexpr int kQBytes = kQInRegisters ? 0 : kBlockM * kRowBytes;
+  static constexpr int kPBytes = kBlockM * kPRowBytes;
+  static constexpr int kRowStatBytes = align128(kBlockM * 4);
+  static constexpr int kKeyGroupStatBytes = align128(kKeyGroups * kBlockM * 4);
+  static constexpr int kFixedBytes =
+      kConvBytes + kQBytes + kPBytes + 2 * kKeyGroupStatBytes + 2 * kRowStatBytes;
+  static constexpr int kStages =
+      std::min(kMaxStages, (kSmemLimit - kFixedBytes) / align128(kRawTileBytes));
+
+  static constexpr int kRawOffset = 0;  // [kStages][kRawTileBytes]
+  static constexpr int kConvOffset = kRawOffset + kStages * align128(kRawTileBytes);
+  static constexpr int kQOffset = kConvOffset + kConvBytes;  // [kBlockM][1152] swizzled
+  static constexpr int kPOffset = kQOffset + kQBytes;        // [kBlockM][128] swizzled
+  static constexpr int kRowMaxOffset = kPOffset + kPBytes;   // f32 [kKeyGroups][kBlockM]
+  static constexpr int kRowSumOffset = kRowMaxOffset + kKeyGroupStatBytes;  // same shape
+  static constexpr int kAlphaOffset = kRowSumOffset + kKeyGroupStatBytes;   // f32 [kBlockM]
+  static constexpr int kMaxFinalOffset = kAlphaOffset + kRowStatBytes;      // f32 [kBlockM]
+  static constexpr int kSmemBytes = kMaxFinalOffset + kRowStatBytes;
+
+  // Copies issued ahead of the tile being computed. Native tiles are read in place, so one stage
+  // is always busy with the current tile; converted tiles free their raw stage right after the
+  // conversion, so every stage can hold a tile in flight.
+  static constexpr int kTilesAhead = kConvert ? kStages : kStages - 1;
+
+  static_assert(kBlockM == 16 || kBlockM == 64, "the row layouts are written for 16 and 64 rows");
+  static_assert(kBlockM == kDecodeRowsSmall || kBlockM == kDecodeRowsLarge,
+                "tile_shape.hpp's row rule must name this CTA size");
+  static_assert(kKeyGroups * kRowGroups == kWarps && kKeysPerWarp % 8 == 0, "S warp layout");
+  static_assert(kScoreTiles == 1 || kScoreTiles % 2 == 0, "K fragments load n8 tiles in pairs");
+  static_assert(kQInRegisters == (kScoreTiles == 1), "q-in-registers path loads one n8 tile");
+  static_assert(kKeysPerPass * kLoadPasses == kBlockN, "copy mapping covers the tile");
+  static_assert(kRawEntry % 16 == 0, "entries are copied in 16-byte chunks");
+  static_assert(kTilesAhead >= 1, "at least one tile must be in flight during compute");
+  static_assert(kConvert || kStages >= 2, "native tiles need a second stage to copy into");
+  static_assert(kConvert || !kQInRegisters || kBlockM * kRowBytes <= kRawTileBytes,
+                "q is staged in the last ring stage before it moves to registers");
+  static_assert(kSmemBytes <= kSmemLimit, "shared-memory plan exceeds 227 KiB");
+};
+
+}  // namespace mlakit::cuda::decode_sm90
