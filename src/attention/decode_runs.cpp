@@ -5,7 +5,7 @@
 namespace mlakit::detail {
 
 DecodeRuns decode_runs(const Plan& plan, std::span<const int32_t> query_start_loc,
-                       std::span<const int32_t> seq_lens, int64_t block_size, int64_t num_workers) {
+                       std::span<const int32_t> seq_lens, const DecodeScheduler& scheduler) {
   DecodeRuns result;
   const int64_t nd = plan.split.num_decodes, td = plan.split.num_decode_tokens;
   if (nd == 0) return result;
@@ -18,11 +18,7 @@ DecodeRuns decode_runs(const Plan& plan, std::span<const int32_t> query_start_lo
     uniform = q_len(b) == s || (q_len(b) == 0 && seq_lens[b] == 0);
   }
   if (uniform) {
-    DecodeRun run{0, nd, 0, s, {}};
-    run.schedule =
-        plan.split.num_decodes == static_cast<int64_t>(plan.decode_schedule.split_len.size())
-            ? plan.decode_schedule
-            : plan_decode_splits(seq_lens.subspan(0, nd), block_size, num_workers);
+    DecodeRun run{0, nd, 0, s, scheduler(seq_lens.subspan(0, nd), s)};
     result.runs.push_back(std::move(run));
     result.first_padding_token = td;
     return result;
@@ -34,7 +30,7 @@ DecodeRuns decode_runs(const Plan& plan, std::span<const int32_t> query_start_lo
     while (e < nd && q_len(e) == len) ++e;
     if (len > 0) {
       DecodeRun run{b, e - b, query_start_loc[b], len, {}};
-      run.schedule = plan_decode_splits(seq_lens.subspan(b, e - b), block_size, num_workers);
+      run.schedule = scheduler(seq_lens.subspan(b, e - b), len);
       result.runs.push_back(std::move(run));
     }
     b = e;

@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <span>
 #include <vector>
 
@@ -29,8 +30,12 @@ struct DecodeRuns {
   int64_t first_padding_token = 0;
 };
 
+// The split-KV schedule of one run: (its requests' seq_lens, its q_len) -> schedule. The backend
+// decides (the CPU plans from the lengths; the GPU needs a shape-only, graph-safe schedule).
+using DecodeScheduler = std::function<DecodeSchedule(std::span<const int32_t>, int64_t)>;
+
 // query_start_loc: [R + 1]; seq_lens: [R].
 DecodeRuns decode_runs(const Plan& plan, std::span<const int32_t> query_start_loc,
-                       std::span<const int32_t> seq_lens, int64_t block_size, int64_t num_workers);
+                       std::span<const int32_t> seq_lens, const DecodeScheduler& scheduler);
 
 }  // namespace mlakit::detail

@@ -11,6 +11,10 @@
 #include "mlakit/kv_cache.hpp"
 #include "mlakit/ops.hpp"
 
+#ifdef MLAKIT_WITH_CUDA
+#include "cuda/decode/schedule.hpp"
+#endif
+
 namespace mlakit {
 
 using detail::require;
@@ -38,6 +42,22 @@ void validate_config(const MlaAttentionConfig& c) {
 // Parallel workers the decode split schedule targets: CPU threads; one per device otherwise (the
 // CUDA backend sizes its own grid).
 int64_t num_workers(Device device) { return device.is_cpu() ? cpu::num_threads() : 1; }
+
+// The split-KV schedule of a decode run of requests with `lens` keys and q_len queries each. CPU:
+// planned from the lengths. GPU: a uniform, shape-only schedule (cuda/decode/schedule.hpp) bounded
+// by the block table, so that a captured graph stays valid for other lengths.
+DecodeSchedule decode_schedule(const MlaAttentionConfig& c, std::span<const int32_t> lens,
+                               int64_t q_len, int64_t block_table_width) {
+  if (c.device.is_cpu()) return plan_decode_splits(lens, c.block_size, cpu::num_threads());
+#ifdef MLAKIT_WITH_CUDA
+  return cuda::plan_decode_splits_cuda(static_cast<int64_t>(lens.size()), q_len, c.dims.num_heads,
+                                       block_table_width * c.block_size, c.device);
+#else
+  (void)q_len;
+  (void)block_table_width;
+  detail::unsupported_device(kOp, c.device);
+#endif
+}
 
 // Every host index array the kernels of one step read, concatenated: the CPU backend reads this
 // host copy directly; a GPU layer uploads it once per step into its workspace.
@@ -287,8 +307,11 @@ void MlaAttention::forward(const TensorView& q, const TensorView& kv_c_normed,
   require(kv_cache.numel() > 0 || !needs_cache, ErrorCode::kInvalidArgument, kOp,
           ": kv_cache is empty but the batch has ", plan.split.num_decodes, " decode requests and ",
           plan.context_chunks.size(), " context chunks to read");
-  const detail::DecodeRuns runs = detail::decode_runs(plan, batch->query_start_loc, batch->seq_lens,
-                                                      c.block_size, num_workers(c.device));
+  const detail::DecodeRuns runs =
+      detail::decode_runs(plan, batch->query_start_loc, batch->seq_lens,
+                          [&](std::span<const int32_t> lens, int64_t q_len) {
+                            return decode_schedule(c, lens, q_len, batch->block_table.shape[1]);
+                          });
 
   // Size the workspace with the same carving code that uses it.
   StepIndices indices = collect_indices(plan, batch->seq_lens);
