@@ -155,15 +155,18 @@ Outputs run_cuda(const Inputs& in) {
   return {test::to_host(out), test::to_host(lse)};
 }
 
+// P is rounded to the input's 16-bit type before P V, so even an f32 out carries the input type's
+// rounding; a 16-bit out adds its own final rounding (bf16 out of f16 inputs).
+test::Tolerance case_tolerance(const Case& c) {
+  const test::Tolerance in_tol = test::tolerance_for(c.dtype);
+  const test::Tolerance out_tol = test::tolerance_for(c.out_dtype);
+  return {std::max(in_tol.atol, out_tol.atol), std::max(in_tol.rtol, out_tol.rtol)};
+}
+
 // Checks a backend's outputs against the reference, and that the out padding stayed NaN.
 void expect_matches(const char* backend, const Inputs& in, const Outputs& o, const Expected& e) {
   SCOPED_TRACE(backend);
-  // P is rounded to the input's 16-bit type before P V, so even an f32 out carries the
-  // input type's rounding; a 16-bit out adds its own final rounding (bf16 out of f16 inputs).
-  const test::Tolerance in_tol = test::tolerance_for(in.c.dtype);
-  const test::Tolerance out_tol = test::tolerance_for(in.c.out_dtype);
-  const test::Tolerance tol{std::max(in_tol.atol, out_tol.atol),
-                            std::max(in_tol.rtol, out_tol.rtol)};
+  const test::Tolerance tol = case_tolerance(in.c);
   EXPECT_TRUE(test::all_close(o.out(), e.out, tol));
   if (in.c.with_lse) {
     EXPECT_TRUE(test::all_close(o.lse, e.lse, kLseTolerance));
@@ -185,7 +188,7 @@ void check_case(std::mt19937_64& rng, const Case& c) {
   const Outputs cpu = run_cpu(in);
   expect_matches("cpu vs fp64 reference", in, cpu, e);
   const std::vector<double> cpu_out = test::to_doubles(cpu.out());
-  EXPECT_TRUE(test::all_close(gpu.out(), cpu_out, test::tolerance_for(c.dtype))) << "cuda vs cpu";
+  EXPECT_TRUE(test::all_close(gpu.out(), cpu_out, case_tolerance(c))) << "cuda vs cpu";
 }
 
 std::string describe(const Case& c) {
