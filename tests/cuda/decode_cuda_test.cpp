@@ -563,6 +563,10 @@ TEST_F(MlaDecodeCudaErrors, SameValidationAsCpu) {
       ops::mla_decode(on_cuda(in_.q), in_.cache, on_cuda(in_.block_table), on_cuda(in_.seq_lens),
                       on_cuda(out_), on_cuda(lse_), c_.params(), schedule_, on_cuda(ws_)),
       "kv_cache is on cpu but q is on cuda:0");
+  MLAKIT_EXPECT_THROW_MSG(
+      ops::mla_decode(on_cuda(in_.q), on_cuda(in_.cache), on_cuda(in_.block_table),
+                      on_cuda(in_.seq_lens), on_cuda(out_), on_cuda(lse_), c_.params()),
+      "for CUDA tensors pass a schedule from plan_decode_splits_cuda");
 }
 
 }  // namespace
