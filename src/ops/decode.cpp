@@ -255,6 +255,11 @@ void mla_decode(const TensorView& q, const TensorView& kv_cache, const TensorVie
                                                     {"seq_lens", &seq_lens},
                                                     {"out", &out},
                                                     {"lse_tokens_heads", &lse_tokens_heads}});
+#ifdef MLAKIT_WITH_CUDA
+  require(!device.is_cuda(), ErrorCode::kUnsupported, kOp,
+          ": this overload plans on the host and allocates its workspace; for CUDA tensors pass a "
+          "schedule from plan_decode_splits_cuda and a split_workspace");
+#endif
   if (!device.is_cpu()) detail::unsupported_device(kOp, device);
   check_storage(kOp, "seq_lens", seq_lens);
   check_ndim(kOp, "seq_lens", seq_lens, 1);

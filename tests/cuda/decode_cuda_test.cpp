@@ -2,15 +2,7 @@
 // KV head on the dequantized cache) and against the CPU op on the same data. Paged caches with
 // shuffled blocks, NaN in every slot and page the kernel must not read, NaN-filled outputs. GPU
 // tests skip without a GPU; the argument checks run anywhere (they throw before any device access).
-//
-// Tolerances. The kernel multiplies in its MMA element type E (bf16, or f16 for fp8_e4m3 caches
-// with an f16 or fp8 q) with f32 accumulation, and rounds the softmax weights P to E before P V:
-// |out error| <= u_E * max|v| (u_bf16 = 2^-9, u_f16 = 2^-11). Against a reference computed on the
-// values E holds (q rounded to E; fp8_ds_mla NoPE values fp8 * scale rounded to E), out must be
-// within that bound and the LSE within f32 rounding. Against the exact dequantized values (and
-// the CPU op, which computes in f32 on them) the cosine distance must stay below spec D.7's bars
-// (1e-5 16-bit caches, 1e-4 fp8 caches) wherever E holds the inputs exactly, and below 5e-4 where
-// it rounds them (fp8_ds_mla, an f32 q).
+// Tolerances: see decode_test_support.hpp.
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
@@ -25,6 +17,7 @@
 
 #include "common/test_util.hpp"
 #include "cuda/decode/schedule.hpp"
+#include "cuda/decode_test_support.hpp"
 #include "mlakit/dtype.hpp"
 #include "mlakit/error.hpp"
 #include "mlakit/kv_cache.hpp"
@@ -35,8 +28,7 @@
 namespace mlakit {
 namespace {
 
-constexpr float kDeepSeekScale = 0.1352338f;  // DeepSeek-V3's softmax scale (DESIGN.md §1)
-constexpr int64_t kRank = 512, kRope = 64, kDim = kRank + kRope;
+using namespace decode_test;
 
 bool has_gpu() {
   int count = 0;
@@ -48,201 +40,6 @@ bool has_gpu() {
 
 void cuda_ok(cudaError_t status, const char* what) {
   ASSERT_EQ(status, cudaSuccess) << what << ": " << cudaGetErrorString(status);
-}
-
-// e4m3fn by definition (sign, 4 exponent bits with bias 7, 3 mantissa bits; 0x7f NaN), written
-// independently of the library's table.
-double e4m3_value(uint8_t b) {
-  const int e = (b >> 3) & 15, m = b & 7;
-  if (e == 15 && m == 7) return std::nan("");
-  const double mag = e == 0 ? std::ldexp(m, -9) : std::ldexp(1.0 + m / 8.0, e - 7);
-  return (b & 0x80) ? -mag : mag;
-}
-
-bool is_fp8(DType d) { return d == DType::kFp8E4m3 || d == DType::kU8; }
-
-struct Case {
-  std::vector<int32_t> seq_lens;
-  int64_t s_q = 1;
-  int64_t heads = 16;
-  int64_t block_size = 64;
-  KvCacheDType kv_dtype = KvCacheDType::kAuto;
-  DType cache_dtype = DType::kBF16;  // kAuto: element dtype; fp8_ds_mla: the rope dtype
-  DType q_dtype = DType::kBF16;
-  DType out_dtype = DType::kF32;
-  float q_scale = 1.0f;
-  float k_scale = 1.0f;
-  int64_t q_pad = 0;    // extra elements per q row (a strided view)
-  int64_t out_pad = 0;  // extra elements per out row and per lse row
-
-  int64_t batch() const { return static_cast<int64_t>(seq_lens.size()); }
-  ops::DecodeParams params() const { return {kDeepSeekScale, kv_dtype, q_scale, k_scale}; }
-  // The kernel's MMA element type, by the rule documented in cuda/decode/decode.hpp.
-  DType mma_dtype() const {
-    switch (kv_dtype) {
-      case KvCacheDType::kAuto:
-        return cache_dtype;
-      case KvCacheDType::kFp8E4m3:
-        return q_dtype == DType::kF16 || is_fp8(q_dtype) ? DType::kF16 : DType::kBF16;
-      default:
-        return cache_dtype;  // fp8_ds_mla: the rope dtype
-    }
-  }
-  // E holds q and the keys exactly (no rounding on the way into the MMAs).
-  bool exact_inputs() const {
-    return kv_dtype != KvCacheDType::kFp8DsMla && q_dtype != DType::kF32;
-  }
-  std::string name() const {
-    return testing::PrintToString(seq_lens) + " s_q " + std::to_string(s_q) + " N " +
-           std::to_string(heads) + " bs " + std::to_string(block_size) + " q " +
-           dtype_name(q_dtype) + " cache " + dtype_name(cache_dtype) + " fmt " +
-           std::to_string(static_cast<int>(kv_dtype)) + " out " + dtype_name(out_dtype) +
-           " scales " + std::to_string(q_scale) + "/" + std::to_string(k_scale);
-  }
-};
-
-// Host inputs plus the values the math sees, exactly and as E holds them.
-struct HostInputs {
-  Tensor q_storage;    // [B, s_q, N, 576 + q_pad]
-  TensorView q;        // [B, s_q, N, 576]
-  Tensor cache;        // [num_blocks, block_size, entry], NaN wherever nothing was written
-  Tensor block_table;  // i32 [B, W]; unused columns -1
-  Tensor seq_lens;     // i32 [B]
-  std::vector<double> q_exact, q_kernel;      // [B, s_q, N, 576]
-  std::vector<std::vector<double>> k_exact;   // per request [seq_len, 576]
-  std::vector<std::vector<double>> k_kernel;  // same, as E holds it
-};
-
-// Writes one token's entry from x [576]; appends the exact and the E-held values.
-void write_entry(const Case& c, uint8_t* entry, const std::vector<float>& x,
-                 std::vector<double>& exact, std::vector<double>& kernel) {
-  const DType e = c.mma_dtype();
-  switch (c.kv_dtype) {
-    case KvCacheDType::kAuto:
-      for (int64_t i = 0; i < kDim; ++i) {
-        store_float(entry, c.cache_dtype, i, x[i]);
-        exact.push_back(load_float(entry, c.cache_dtype, i));
-        kernel.push_back(exact.back());
-      }
-      break;
-    case KvCacheDType::kFp8E4m3:
-      for (int64_t i = 0; i < kDim; ++i) {
-        entry[i] = float_to_e4m3_bits(x[i] / c.k_scale);
-        exact.push_back(e4m3_value(entry[i]) * c.k_scale);
-        kernel.push_back(exact.back());  // e4m3 is exact in E; k_scale applies in f32
-      }
-      break;
-    case KvCacheDType::kFp8DsMla: {
-      for (int64_t t = 0; t < kDsMlaNumTiles; ++t) {
-        float amax = 0;
-        for (int64_t i = 0; i < kDsMlaTileSize; ++i) {
-          amax = std::max(amax, std::fabs(x[t * kDsMlaTileSize + i]));
-        }
-        const float tile_scale = std::max(amax / 448.0f, FLT_MIN);
-        std::memcpy(entry + kDsMlaScaleOffset + 4 * t, &tile_scale, 4);
-        for (int64_t i = 0; i < kDsMlaTileSize; ++i) {
-          const int64_t k = t * kDsMlaTileSize + i;
-          entry[k] = float_to_e4m3_bits(x[k] / tile_scale);
-          exact.push_back(e4m3_value(entry[k]) * tile_scale);
-          // The kernel: f32 product, rounded to E.
-          kernel.push_back(
-              round_to_dtype(static_cast<float>(e4m3_value(entry[k])) * tile_scale, e));
-        }
-      }
-      uint8_t* rope = entry + kDsMlaRopeOffset;
-      for (int64_t i = 0; i < kDsMlaRopeDim; ++i) {
-        store_float(rope, c.cache_dtype, i, x[kDsMlaKvLoraRank + i]);
-        exact.push_back(load_float(rope, c.cache_dtype, i));
-        kernel.push_back(exact.back());
-      }
-      break;
-    }
-  }
-}
-
-HostInputs make_inputs(const Case& c, std::mt19937_64& rng) {
-  HostInputs in;
-  const int64_t batch = c.batch(), bs = c.block_size;
-  std::normal_distribution<float> normal(0.0f, 1.0f);
-
-  // Blocks of all requests shuffled over a pool with spare blocks nothing is written to.
-  int64_t width = 1, used_blocks = 0;
-  for (int32_t len : c.seq_lens) {
-    width = std::max<int64_t>(width, (len + bs - 1) / bs + 1);  // +1: an unused column
-    used_blocks += (len + bs - 1) / bs;
-  }
-  const int64_t num_blocks = used_blocks + 3;
-  std::vector<int32_t> ids(num_blocks);
-  std::iota(ids.begin(), ids.end(), 0);
-  std::shuffle(ids.begin(), ids.end(), rng);
-  const DType storage = c.kv_dtype == KvCacheDType::kAuto ? c.cache_dtype : DType::kU8;
-  const int64_t entry = c.kv_dtype == KvCacheDType::kFp8DsMla ? kDsMlaEntryBytes : kDim;
-  in.cache = test::nan_tensor({num_blocks, bs, entry}, storage);
-  std::vector<int64_t> table(batch * width, -1);
-  in.k_exact.resize(batch);
-  in.k_kernel.resize(batch);
-  int64_t next = 0;
-  for (int64_t b = 0; b < batch; ++b) {
-    const int64_t len = c.seq_lens[b];
-    for (int64_t col = 0; col < (len + bs - 1) / bs; ++col) table[b * width + col] = ids[next++];
-    for (int64_t s = 0; s < len; ++s) {
-      std::vector<float> x(kDim);
-      for (float& v : x) v = normal(rng);
-      const int64_t slot = table[b * width + s / bs] * bs + s % bs;
-      uint8_t* e = static_cast<uint8_t*>(in.cache.view().data) + slot * entry * dtype_size(storage);
-      write_entry(c, e, x, in.k_exact[b], in.k_kernel[b]);
-    }
-  }
-  in.block_table = test::int_tensor(table, {batch, width}, DType::kI32);
-  in.seq_lens = test::int_tensor(std::vector<int64_t>(c.seq_lens.begin(), c.seq_lens.end()),
-                                 {batch}, DType::kI32);
-
-  // Queries: fp8 q as scaled_fp8_quant writes it (x * (1 / q_scale)).
-  const int64_t row_len = kDim + c.q_pad;
-  in.q_storage = test::nan_tensor({batch, c.s_q, c.heads, row_len}, c.q_dtype);
-  in.q = in.q_storage.view().narrow(3, 0, kDim);
-  const DType e = c.mma_dtype();
-  for (int64_t row = 0; row < batch * c.s_q * c.heads; ++row) {
-    for (int64_t i = 0; i < kDim; ++i) {
-      const int64_t at = row * row_len + i;
-      const float x = normal(rng);
-      if (is_fp8(c.q_dtype)) {
-        const uint8_t byte = float_to_e4m3_bits(x * (1.0f / c.q_scale));
-        static_cast<uint8_t*>(in.q_storage.view().data)[at] = byte;
-        in.q_exact.push_back(e4m3_value(byte) * c.q_scale);
-        in.q_kernel.push_back(in.q_exact.back());  // e4m3 is exact in E; q_scale applies in f32
-      } else {
-        store_float(in.q_storage.view().data, c.q_dtype, at, x);
-        in.q_exact.push_back(load_float(in.q_storage.view().data, c.q_dtype, at));
-        in.q_kernel.push_back(round_to_dtype(static_cast<float>(in.q_exact.back()), e));
-      }
-    }
-  }
-  return in;
-}
-
-struct Expected {
-  std::vector<double> out;  // [B, s_q, N, 512]
-  std::vector<double> lse;  // [B, s_q, N]
-};
-
-Expected reference(const Case& c, const std::vector<double>& q,
-                   const std::vector<std::vector<double>>& keys) {
-  Expected e;
-  const int64_t rows = c.s_q * c.heads;
-  for (int64_t b = 0; b < c.batch(); ++b) {
-    const int64_t len = c.seq_lens[b];
-    std::vector<double> v(len * kRank);
-    for (int64_t s = 0; s < len; ++s) {
-      std::copy_n(keys[b].begin() + s * kDim, kRank, v.begin() + s * kRank);
-    }
-    const std::span<const double> qb(q.data() + b * rows * kDim, rows * kDim);
-    const ref::AttentionResult r = ref::attention(qb, keys[b], v, c.s_q, len, c.heads, 1, kDim,
-                                                  kRank, kDeepSeekScale, /*causal=*/true);
-    e.out.insert(e.out.end(), r.out.begin(), r.out.end());
-    e.lse.insert(e.lse.end(), r.lse.begin(), r.lse.end());
-  }
-  return e;
 }
 
 // ---- device side
@@ -337,26 +134,6 @@ Results run_cpu(const Case& c, const HostInputs& in) {
 }
 
 // ---- comparisons -------------------------------------------------------------------------------
-
-// 1 - cos(a, b) over all elements, as spec D.7 measures it: 1 - 2 sum(ab) / (sum(a^2) + sum(b^2)).
-double cos_diff(const std::vector<double>& a, const std::vector<double>& b) {
-  double ab = 0, aa = 0, bb = 0;
-  for (size_t i = 0; i < a.size(); ++i) ab += a[i] * b[i], aa += a[i] * a[i], bb += b[i] * b[i];
-  return aa + bb == 0 ? 0.0 : 1.0 - 2.0 * ab / (aa + bb);
-}
-
-test::Tolerance out_tolerance(const Case& c) {
-  const test::Tolerance mma =
-      c.mma_dtype() == DType::kBF16 ? test::Tolerance{1e-2, 1.6e-2} : test::Tolerance{3e-3, 3e-3};
-  const test::Tolerance stored = test::tolerance_for(c.out_dtype);
-  return {std::max(mma.atol, stored.atol), std::max(mma.rtol, stored.rtol)};
-}
-constexpr test::Tolerance kLseTolerance{1e-4, 1e-4};  // f32 scores, SFU exp2 / log2
-
-double cos_bar(const Case& c) {
-  if (!c.exact_inputs()) return 5e-4;
-  return c.kv_dtype == KvCacheDType::kAuto ? 1e-5 : 1e-4;
-}
 
 // Pads of the strided outputs must still hold their NaN.
 void expect_pads_untouched(const Case& c, const Results& r) {
@@ -786,6 +563,10 @@ TEST_F(MlaDecodeCudaErrors, SameValidationAsCpu) {
       ops::mla_decode(on_cuda(in_.q), in_.cache, on_cuda(in_.block_table), on_cuda(in_.seq_lens),
                       on_cuda(out_), on_cuda(lse_), c_.params(), schedule_, on_cuda(ws_)),
       "kv_cache is on cpu but q is on cuda:0");
+  MLAKIT_EXPECT_THROW_MSG(
+      ops::mla_decode(on_cuda(in_.q), on_cuda(in_.cache), on_cuda(in_.block_table),
+                      on_cuda(in_.seq_lens), on_cuda(out_), on_cuda(lse_), c_.params()),
+      "for CUDA tensors pass a schedule from plan_decode_splits_cuda");
 }
 
 }  // namespace

@@ -1,5 +1,5 @@
 // The per-configuration launch functions of the sm90 decode: declared here for the launcher,
-// defined by kernel.cuh and compiled once each in instantiations/<element>_<format>.cu.
+// defined by launch_kernel.cuh and compiled once each in instantiations/<element>_<format>.cu.
 #pragma once
 
 #include <cuda_runtime.h>

@@ -15,13 +15,15 @@
 // CTA into NaN (nothing is read out of bounds; the host cannot check device-resident indices).
 #pragma once
 
-#include <cuda_runtime.h>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
 
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 
 #include "cuda/decode/sm90/params.cuh"
-#include "cuda/decode/sm90/primitives.cuh"
+#include "cuda/decode/sm90/ptx.cuh"
 #include "cuda/decode/sm90/traits.cuh"
 
 namespace mlakit::cuda::decode_sm90 {
@@ -222,10 +224,10 @@ __device__ __forceinline__ void convert_tile(const uint8_t* raw, uint8_t* conv) 
         uint32_t out[4];
         const uint32_t words[2] = {in.x, in.y};
 #pragma unroll
-        for (int i = 0; i < 4; ++i) {
-          const uint16_t two = static_cast<uint16_t>(words[i / 2] >> (16 * (i % 2)));
+        for (int pair = 0; pair < 4; ++pair) {
+          const uint16_t two = static_cast<uint16_t>(words[pair / 2] >> (16 * (pair % 2)));
           const float2 f = f16x2_to_float2(e4m3x2_to_f16x2(two));
-          out[i] = Elem::pack(f.x * scale, f.y * scale);
+          out[pair] = Elem::pack(f.x * scale, f.y * scale);
         }
         v = make_uint4(out[0], out[1], out[2], out[3]);
       } else {
@@ -396,7 +398,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
   }
 
-  int next_pages[Cfg::kLoadPasses];
+  int next_pages[Cfg::kLoadPasses] = {};  // page ids of the next tile to copy
   if (Cfg::kTilesAhead < w.num_tiles) lookup_pages<Cfg>(p, w, Cfg::kTilesAhead, next_pages);
 
   for (int t = 0; t < w.num_tiles; ++t) {
@@ -558,14 +560,6 @@ __global__ void __launch_bounds__(kThreads, 1)
       }
     }
   }
-}
-
-// Sets the kernel's shared-memory limit and launches it; the launcher checks for errors.
-template <class Cfg>
-void launch_decode_kernel(const DecodeKernelParams& params, dim3 grid, cudaStream_t stream) {
-  const auto kernel = &mla_decode_sm90_kernel<Cfg>;
-  cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemBytes);
-  kernel<<<grid, kThreads, Cfg::kSmemBytes, stream>>>(params);
 }
 
 }  // namespace mlakit::cuda::decode_sm90

@@ -11,7 +11,9 @@
 #include "cuda/decode/schedule.hpp"
 #include "cuda/decode/sm90/combine.cuh"
 #include "cuda/decode/sm90/instantiations.cuh"
+#include "cuda/decode/sm90/launch_plan.hpp"
 #include "cuda/decode/sm90/params.cuh"
+#include "cuda/decode/sm90/ptx.cuh"
 #include "cuda/decode/sm90/traits.cuh"
 #include "cuda/decode/tile_shape.hpp"
 #include "mlakit/kv_cache.hpp"
@@ -162,58 +164,57 @@ DecodeKernelParams make_params(const cpu::DecodeProblem& pr, int64_t splits) {
 }
 
 template <CacheFormat kFormat, class Element>
-void launch_for_rows(const DecodeKernelParams& k, dim3 grid, cudaStream_t stream) {
-  if (decode_rows_per_cta(k.rows) == kDecodeRowsSmall) {
-    launch_decode_kernel<Config<kDecodeRowsSmall, kFormat, Element>>(k, grid, stream);
+void launch_for_rows(const LaunchPlan& plan, cudaStream_t stream) {
+  const dim3 grid(static_cast<unsigned>(plan.decode_ctas));
+  if (plan.rows_per_cta == kDecodeRowsSmall) {
+    launch_decode_kernel<Config<kDecodeRowsSmall, kFormat, Element>>(plan.decode, grid, stream);
   } else {
-    launch_decode_kernel<Config<kDecodeRowsLarge, kFormat, Element>>(k, grid, stream);
+    launch_decode_kernel<Config<kDecodeRowsLarge, kFormat, Element>>(plan.decode, grid, stream);
   }
 }
 
-// The MMA element type: the cache's own for 16-bit caches, the rope dtype for fp8_ds_mla (its rope
-// values are copied as stored), and for fp8_e4m3 f16 unless q is bf16 or f32 (e4m3 -> f16 is one
-// instruction and exact; a bf16 or f32 q keeps bf16's range).
 template <CacheFormat kFormat>
-void launch_for_element(const DecodeKernelParams& k, DType element, dim3 grid,
-                        cudaStream_t stream) {
-  if (element == DType::kBF16) {
-    launch_for_rows<kFormat, Bf16Mma>(k, grid, stream);
+void launch_for_format(const LaunchPlan& plan, cudaStream_t stream) {
+  if (plan.bf16_mma) {
+    launch_for_rows<kFormat, Bf16Mma>(plan, stream);
   } else {
-    launch_for_rows<kFormat, F16Mma>(k, grid, stream);
+    launch_for_rows<kFormat, F16Mma>(plan, stream);
   }
 }
 
 }  // namespace
 
-void mla_decode(const cpu::DecodeProblem& problem, const DecodeSchedule& schedule, Stream stream) {
-  check_supported(problem, schedule);
-  const int64_t batch = problem.q.size(0);
-  if (batch == 0 || problem.q.size(1) == 0 || problem.q.size(2) == 0) return;
-  DeviceGuard guard(problem.q.device.index);
-  const auto cuda_stream = static_cast<cudaStream_t>(stream.handle);
-  const int64_t splits = schedule.max_splits;
-  const DecodeKernelParams k = make_params(problem, splits);
+namespace decode_sm90 {
 
-  const dim3 grid(static_cast<unsigned>(int64_t{k.batch} * k.num_splits * k.row_tiles));
+LaunchPlan plan_launch(const cpu::DecodeProblem& problem, const DecodeSchedule& schedule) {
+  check_supported(problem, schedule);
+  LaunchPlan plan;
+  const int64_t batch = problem.q.size(0), rows = problem.q.size(1) * problem.q.size(2);
+  if (batch == 0 || rows == 0) return plan;
+  const int64_t splits = schedule.max_splits;
+  plan.decode = make_params(problem, splits);
+  plan.rows_per_cta = static_cast<int>(decode_rows_per_cta(rows));
+  plan.decode_ctas = batch * splits * plan.decode.row_tiles;
+  // The MMA element type: the cache's own for 16-bit caches, the rope dtype for fp8_ds_mla (its
+  // rope values are copied as stored), and for fp8_e4m3 f16 unless q is bf16 or f32 (e4m3 -> f16
+  // is one exact instruction; a bf16 or f32 q keeps bf16's range).
   switch (problem.kv_dtype) {
     case KvCacheDType::kAuto:
-      launch_for_element<CacheFormat::kNative>(k, problem.kv_cache.dtype, grid, cuda_stream);
+      plan.format = CacheFormat::kNative;
+      plan.bf16_mma = problem.kv_cache.dtype == DType::kBF16;
       break;
-    case KvCacheDType::kFp8E4m3: {
-      const DType q = problem.q.dtype;
-      const bool bf16 = q == DType::kBF16 || q == DType::kF32;
-      launch_for_element<CacheFormat::kFp8E4m3>(k, bf16 ? DType::kBF16 : DType::kF16, grid,
-                                                cuda_stream);
+    case KvCacheDType::kFp8E4m3:
+      plan.format = CacheFormat::kFp8E4m3;
+      plan.bf16_mma = problem.q.dtype == DType::kBF16 || problem.q.dtype == DType::kF32;
       break;
-    }
     case KvCacheDType::kFp8DsMla:
-      launch_for_element<CacheFormat::kFp8DsMla>(k, problem.rope_dtype, grid, cuda_stream);
+      plan.format = CacheFormat::kFp8DsMla;
+      plan.bf16_mma = problem.rope_dtype == DType::kBF16;
       break;
   }
-  check_cuda(cudaGetLastError(), "decode kernel launch");
-
   if (splits > 1) {
-    CombineParams c{};
+    const DecodeKernelParams& k = plan.decode;
+    CombineParams& c = plan.combine;
     c.partial_out = k.partial_out;
     c.partial_lse = k.partial_lse;
     c.out = k.out;
@@ -229,8 +230,33 @@ void mla_decode(const cpu::DecodeProblem& problem, const DecodeSchedule& schedul
     c.num_heads = k.num_heads;
     c.rows = k.rows;
     c.num_splits = k.num_splits;
-    const dim3 combine_grid(static_cast<unsigned>(int64_t{k.batch} * k.rows));  // one CTA per row
-    launch_combine_kernel(c, combine_grid, cuda_stream);
+    plan.combine_ctas = batch * rows;  // one CTA per (request, row)
+  }
+  return plan;
+}
+
+}  // namespace decode_sm90
+
+void mla_decode(const cpu::DecodeProblem& problem, const DecodeSchedule& schedule, Stream stream) {
+  const LaunchPlan plan = plan_launch(problem, schedule);
+  if (plan.decode_ctas == 0) return;
+  DeviceGuard guard(problem.q.device.index);
+  const auto cuda_stream = static_cast<cudaStream_t>(stream.handle);
+  switch (plan.format) {
+    case CacheFormat::kNative:
+      launch_for_format<CacheFormat::kNative>(plan, cuda_stream);
+      break;
+    case CacheFormat::kFp8E4m3:
+      launch_for_format<CacheFormat::kFp8E4m3>(plan, cuda_stream);
+      break;
+    case CacheFormat::kFp8DsMla:
+      launch_for_format<CacheFormat::kFp8DsMla>(plan, cuda_stream);
+      break;
+  }
+  check_cuda(cudaGetLastError(), "decode kernel launch");
+  if (plan.combine_ctas > 0) {
+    launch_combine_kernel(plan.combine, dim3(static_cast<unsigned>(plan.combine_ctas)),
+                          cuda_stream);
     check_cuda(cudaGetLastError(), "combine kernel launch");
   }
 }

@@ -9,6 +9,11 @@ namespace mlakit::cuda::decode_sm90 {
 // Element types the kernels read or write at run time (q, out); the cache's are compile-time.
 enum class RuntimeDType : int32_t { kF32, kF16, kBF16, kFp8E4m3 };
 
+// How a cached token is stored (kv_cache.hpp): kNative entries are 576 values of the MMA element
+// type and feed the tensor cores as copied; the fp8 formats are copied raw, then converted to the
+// MMA element type in shared memory before the MMAs read them.
+enum class CacheFormat : int32_t { kNative, kFp8E4m3, kFp8DsMla };
+
 struct DecodeKernelParams {
   // q: [B, s_q, N, 576]; row r = j * N + n of request b is q[b, j, n, :]
   const void* q;

@@ -5,15 +5,10 @@
 #include <algorithm>
 #include <cstdint>
 
-#include "cuda/decode/sm90/primitives.cuh"
+#include "cuda/decode/sm90/params.cuh"
 #include "cuda/decode/tile_shape.hpp"
 
 namespace mlakit::cuda::decode_sm90 {
-
-// How a cached token is stored (kv_cache.hpp): kNative entries are 576 values of the MMA element
-// type and feed the tensor cores as copied; the fp8 formats are copied raw, then converted to the
-// MMA element type in shared memory before the MMAs read them.
-enum class CacheFormat { kNative, kFp8E4m3, kFp8DsMla };
 
 inline constexpr int kDimQK = 576;  // L + R = 512 + 64: the q / K width (the only one supported)
 inline constexpr int kDimV = 512;   // L: the V width (V = K[:, 0:512])
@@ -32,6 +27,16 @@ inline constexpr int kSmemLimit = 232448;
 inline constexpr int kMaxStages = 4;
 
 constexpr int align128(int bytes) { return (bytes + 127) / 128 * 128; }
+
+// Byte offset of 16-byte chunk `chunk` of row `row` in a tile whose rows are `kRowBytes` long (a
+// multiple of 128). Chunks are XOR-permuted inside each 128-byte group by row % 8, so the 8 rows
+// that one ldmatrix phase reads (same logical chunk, 8 consecutive rows) fall into 8 different
+// groups of 4 banks: conflict-free without padding.
+template <int kRowBytes>
+__host__ __device__ constexpr uint32_t swizzled(int row, int chunk) {
+  static_assert(kRowBytes % 128 == 0, "swizzled rows must be whole 128-byte groups");
+  return static_cast<uint32_t>(row * kRowBytes + ((chunk ^ (row & 7)) << 4));
+}
 
 template <CacheFormat F>
 inline constexpr int kRawEntryBytes = 0;

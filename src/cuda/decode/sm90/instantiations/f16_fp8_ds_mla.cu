@@ -1,5 +1,5 @@
 // sm90 decode for fp8_ds_mla caches with f16 MMAs, 16 and 64 query rows per CTA.
-#include "cuda/decode/sm90/kernel.cuh"
+#include "cuda/decode/sm90/launch_kernel.cuh"
 
 namespace mlakit::cuda::decode_sm90 {
 

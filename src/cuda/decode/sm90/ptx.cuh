@@ -1,7 +1,10 @@
 // PTX wrappers the sm90 decode is built from: cp.async copies, ldmatrix fragment loads, the
-// m16n8k16 tensor-core MMA in bf16 and f16, fp8 e4m3 -> 16-bit conversion, and the swizzled
-// shared-memory addressing every tile uses.
-#pragma once
+// m16n8k16 tensor-core MMA in bf16 and f16, ex2, and fp8 e4m3 -> 16-bit conversion.
+//
+// A classic include guard instead of #pragma once: tests/cuda/decode_emulated_test.cpp defines it
+// and supplies host versions of these functions, to run the kernel source on the CPU.
+#ifndef MLAKIT_CUDA_DECODE_SM90_PTX_CUH
+#define MLAKIT_CUDA_DECODE_SM90_PTX_CUH
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -13,16 +16,6 @@ namespace mlakit::cuda::decode_sm90 {
 
 __device__ __forceinline__ uint32_t smem_addr(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-
-// Byte offset of 16-byte chunk `chunk` of row `row` in a tile whose rows are `kRowBytes` long (a
-// multiple of 128). Chunks are XOR-permuted inside each 128-byte group by row % 8, so the 8 rows
-// that one ldmatrix phase reads (same logical chunk, 8 consecutive rows) fall into 8 different
-// groups of 4 banks: conflict-free without padding.
-template <int kRowBytes>
-__device__ __forceinline__ uint32_t swizzled(int row, int chunk) {
-  static_assert(kRowBytes % 128 == 0, "swizzled rows must be whole 128-byte groups");
-  return static_cast<uint32_t>(row * kRowBytes + ((chunk ^ (row & 7)) << 4));
 }
 
 // 16-byte global -> shared copy that bypasses L1 (the cache is streamed once). With `valid` false
@@ -115,3 +108,5 @@ struct F16Mma {
 };
 
 }  // namespace mlakit::cuda::decode_sm90
+
+#endif  // MLAKIT_CUDA_DECODE_SM90_PTX_CUH

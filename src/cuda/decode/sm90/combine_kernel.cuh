@@ -1,0 +1,110 @@
+// The split-combine kernel of the sm90 decode (combine.cuh): device code, launched by combine.cu.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <cmath>
+#include <cstdint>
+
+#include "cuda/decode/schedule.hpp"
+#include "cuda/decode/sm90/combine.cuh"
+#include "cuda/decode/sm90/params.cuh"
+
+namespace mlakit::cuda::decode_sm90 {
+
+inline constexpr int kCombineCols = 512;  // V width
+inline constexpr int kGroupThreads =
+    kCombineThreads / kCombineGroups;  // 128 threads x float4 = 512
+static_assert(kGroupThreads * 4 == kCombineCols, "a group's float4s cover one row");
+static_assert(kMaxDecodeSplits <= kCombineThreads, "one thread reads each split's LSE");
+
+__device__ __forceinline__ void store4_converted(void* base, int64_t offset, RuntimeDType dtype,
+                                                 float4 v) {
+  switch (dtype) {
+    case RuntimeDType::kF32:
+      *reinterpret_cast<float4*>(static_cast<float*>(base) + offset) = v;
+      break;
+    case RuntimeDType::kBF16: {
+      auto* d = reinterpret_cast<__nv_bfloat162*>(static_cast<__nv_bfloat16*>(base) + offset);
+      d[0] = __floats2bfloat162_rn(v.x, v.y);
+      d[1] = __floats2bfloat162_rn(v.z, v.w);
+      break;
+    }
+    default: {
+      auto* d = reinterpret_cast<__half2*>(static_cast<__half*>(base) + offset);
+      d[0] = __floats2half2_rn(v.x, v.y);
+      d[1] = __floats2half2_rn(v.z, v.w);
+      break;
+    }
+  }
+}
+
+// Block-wide max / sum of one value per thread (kCombineThreads threads); every thread gets it.
+__device__ __forceinline__ float block_reduce(float v, bool is_max, float* scratch) {
+  constexpr int kReduceWarps = kCombineThreads / 32;
+#pragma unroll
+  for (int offset = 16; offset > 0; offset >>= 1) {
+    const float o = __shfl_xor_sync(0xffffffffu, v, offset);
+    v = is_max ? fmaxf(v, o) : v + o;
+  }
+  if ((threadIdx.x & 31) == 0) scratch[threadIdx.x >> 5] = v;
+  __syncthreads();
+  v = scratch[0];
+#pragma unroll
+  for (int w = 1; w < kReduceWarps; ++w) v = is_max ? fmaxf(v, scratch[w]) : v + scratch[w];
+  __syncthreads();  // scratch is reused by the next reduction
+  return v;
+}
+
+__global__ void __launch_bounds__(kCombineThreads)
+    mla_decode_combine_kernel(const __grid_constant__ CombineParams p) {
+  __shared__ float weight[kCombineThreads];  // w_k of split k
+  __shared__ float scratch[kCombineThreads / 32];
+  __shared__ float4 partial_sum[kGroupThreads];  // group 1's sums, added by group 0
+
+  const int t = threadIdx.x;
+  const int b = static_cast<int>(blockIdx.x / p.rows), row = static_cast<int>(blockIdx.x % p.rows);
+  // Split k of this row: partial index (b * S + k) * rows + row.
+  const int64_t first = static_cast<int64_t>(b) * p.num_splits * p.rows + row;
+
+  const float l =
+      t < p.num_splits ? p.partial_lse[first + static_cast<int64_t>(t) * p.rows] : -INFINITY;
+  const bool nan = __syncthreads_or(isnan(l)) != 0;
+  const float m = block_reduce(l, /*is_max=*/true, scratch);
+  const float w = (l == -INFINITY || m == -INFINITY || nan) ? 0.0f : expf(l - m);
+  weight[t] = w;
+  const float total = block_reduce(w, /*is_max=*/false, scratch);  // its barrier publishes weight
+
+  const int group = t / kGroupThreads, c = t % kGroupThreads;
+  float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll 8
+  for (int k = group; k < p.num_splits; k += kCombineGroups) {
+    const float wk = weight[k];
+    if (wk != 0.0f) {  // -inf splits were not written
+      const float4 v = reinterpret_cast<const float4*>(
+          p.partial_out + (first + static_cast<int64_t>(k) * p.rows) * kCombineCols)[c];
+      acc.x += wk * v.x;
+      acc.y += wk * v.y;
+      acc.z += wk * v.z;
+      acc.w += wk * v.w;
+    }
+  }
+  if (group == 1) partial_sum[c] = acc;
+  __syncthreads();
+  if (group != 0) return;
+  const float4 other = partial_sum[c];
+  const float inv = nan ? NAN : (total > 0.0f ? 1.0f / total : 0.0f);
+  const float4 v = make_float4((acc.x + other.x) * inv, (acc.y + other.y) * inv,
+                               (acc.z + other.z) * inv, (acc.w + other.w) * inv);
+  const int j = row / p.num_heads, n = row % p.num_heads;
+  store4_converted(p.out,
+                   b * p.out_stride_batch + j * p.out_stride_query + n * p.out_stride_head + 4 * c,
+                   p.out_dtype, v);
+  if (t == 0) {
+    p.lse[b * p.lse_stride_batch + j * p.lse_stride_query + n * p.lse_stride_head] =
+        nan ? NAN : (total > 0.0f ? m + logf(total) : -INFINITY);
+  }
+}
+
+}  // namespace mlakit::cuda::decode_sm90

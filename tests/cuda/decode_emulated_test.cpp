@@ -1,0 +1,624 @@
+// The sm90 decode kernels' own source (kernel.cuh, combine_kernel.cuh) run on the CPU, with the
+// host launch plan (plan_launch) of the library, against the fp64 oracle: the kernels' logic —
+// split ranges, the copy pipeline, page lookups, masking, online softmax, fragment layouts,
+// epilogue, combine — is checked on machines without a GPU.
+//
+// Emulated execution model: each CTA runs as 256 fibers (ucontext) on one OS thread; a warp's 32
+// fibers meet at every warp collective (ldmatrix, mma, shuffle), whose last arriving lane computes
+// every lane's result by the PTX ISA's fragment definitions; __syncthreads is a 256-fiber barrier.
+// cp.async copies are deferred until the cp.async.wait_group that covers them, the latest moment
+// the hardware allows, so a stage read before its wait shows stale data. Shared memory is filled
+// with 0xff (NaN) at each CTA's start. The fp8 -> f16 conversion and the MMA element packing use
+// the CUDA headers' host implementations; MMA products accumulate in f32.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
+#include <gtest/gtest.h>
+#include <ucontext.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <deque>
+#include <functional>
+#include <vector>
+
+using std::isnan;
+
+// ---- the emulated execution model
+// ------------------------------------------------------------------
+
+namespace emu {
+
+constexpr int kCtaThreads = 256;  // both kernels run 256 threads per CTA
+constexpr int kWarpSize = 32;
+constexpr size_t kStackBytes = 64 * 1024;  // the kernels keep < 2 KiB of locals per thread
+
+struct Barrier {
+  int count = 0;
+  uint64_t generation = 0;
+};
+
+struct PendingCopy {
+  uint32_t dst;
+  const void* src;
+  bool valid;
+};
+
+struct Fiber {
+  ucontext_t context;
+  std::vector<char> stack;
+  bool done = false;
+  const Barrier* blocked_on = nullptr;  // the barrier this fiber waits at, if any
+  uint64_t blocked_generation = 0;
+  unsigned parity = 0;      // of this thread's warp collectives (double-buffered exchange slots)
+  unsigned cta_parity = 0;  // of its __syncthreads_or calls
+  std::vector<PendingCopy> open_group;
+  std::deque<std::vector<PendingCopy>> groups;  // committed, not yet waited for
+};
+
+// One warp's exchange slots, two of each so that a lane may enter the next collective while
+// others still read the results of this one.
+struct Warp {
+  Barrier barrier;
+  uint32_t addr[2][kWarpSize];
+  uint32_t regs_out[2][kWarpSize][4];
+  uint32_t a[2][kWarpSize][4], b[2][kWarpSize][2];
+  float c[2][kWarpSize][4];
+  float value[2][kWarpSize];
+};
+
+struct Cta {
+  std::vector<Fiber> fibers;
+  Warp warps[kCtaThreads / kWarpSize];
+  Barrier barrier;
+  int or_accumulator[2] = {0, 0}, or_result[2] = {0, 0};
+  ucontext_t scheduler;
+  int current = 0;
+  unsigned block = 0;
+  std::function<void()> body;
+};
+
+inline Cta* cta = nullptr;
+inline uint8_t* shared_base = nullptr;
+
+inline Fiber& self() { return cta->fibers[cta->current]; }
+inline unsigned thread_id() { return static_cast<unsigned>(cta->current); }
+inline unsigned lane() { return thread_id() % kWarpSize; }
+inline Warp& warp() { return cta->warps[thread_id() / kWarpSize]; }
+
+inline void yield() { swapcontext(&self().context, &cta->scheduler); }
+
+// Arrives at `b` (of n participants); the last arrival runs `last` before releasing the others.
+template <class Fn>
+void arrive_and_wait(Barrier& b, int n, const Fn& last) {
+  const uint64_t generation = b.generation;
+  if (++b.count == n) {
+    last();
+    b.count = 0;
+    ++b.generation;
+    return;
+  }
+  Fiber& f = self();
+  f.blocked_on = &b;
+  f.blocked_generation = generation;
+  while (b.generation == generation) yield();
+  f.blocked_on = nullptr;
+}
+
+inline void fiber_entry() {
+  cta->body();
+  Fiber& f = self();
+  EXPECT_TRUE(f.open_group.empty() && f.groups.empty())
+      << "thread " << thread_id() << " exits with cp.async copies it never waited for";
+  f.done = true;
+}
+
+// A fiber that starts in fiber_entry and returns to `scheduler`. Out of line: getcontext returns
+// twice, which must not happen in a function with live loop variables (-Wclobbered).
+[[gnu::noinline]] inline void init_fiber(Fiber& f, ucontext_t* scheduler) {
+  f.stack.resize(kStackBytes);
+  getcontext(&f.context);
+  f.context.uc_stack.ss_sp = f.stack.data();
+  f.context.uc_stack.ss_size = f.stack.size();
+  f.context.uc_link = scheduler;
+  makecontext(&f.context, fiber_entry, 0);
+}
+
+// Runs `body` as blockIdx.x = block on 256 fibers; returns false on a deadlock.
+inline bool run_cta(unsigned block, const std::function<void()>& body) {
+  Cta c;
+  c.block = block;
+  c.body = body;
+  c.fibers.resize(kCtaThreads);
+  cta = &c;
+  for (Fiber& f : c.fibers) init_fiber(f, &c.scheduler);
+  // Round robin over the fibers that can run (not finished, not waiting at a barrier that has not
+  // opened); a pass in which none can run is a deadlock.
+  bool all_done = false;
+  while (!all_done) {
+    all_done = true;
+    bool ran = false;
+    for (int i = 0; i < kCtaThreads; ++i) {
+      Fiber& f = c.fibers[i];
+      if (f.done) continue;
+      all_done = false;
+      if (f.blocked_on != nullptr && f.blocked_on->generation == f.blocked_generation) continue;
+      ran = true;
+      c.current = i;
+      swapcontext(&c.scheduler, &f.context);
+    }
+    if (!all_done && !ran) {
+      cta = nullptr;
+      return false;
+    }
+  }
+  cta = nullptr;
+  return true;
+}
+
+inline float bf16_bits(uint32_t bits) { return __bfloat162float(__ushort_as_bfloat16(bits)); }
+inline float f16_bits(uint32_t bits) { return __half2float(__ushort_as_half(bits)); }
+
+// D = A B + C of one m16n8k16 MMA for lane `l`, from every lane's fragments (PTX ISA layouts).
+template <bool kBf16>
+void mma_lane(const Warp& w, unsigned p, int l, float (&d)[4]) {
+  auto elem = [](uint32_t reg, int which) {
+    const uint32_t bits = (reg >> (16 * which)) & 0xffffu;
+    return kBf16 ? bf16_bits(bits) : f16_bits(bits);
+  };
+  float a[16][16], b[16][8];
+  for (int t = 0; t < kWarpSize; ++t) {
+    const int g = t / 4, q = t % 4;
+    for (int h = 0; h < 2; ++h) {
+      a[g][2 * q + h] = elem(w.a[p][t][0], h);
+      a[g + 8][2 * q + h] = elem(w.a[p][t][1], h);
+      a[g][2 * q + 8 + h] = elem(w.a[p][t][2], h);
+      a[g + 8][2 * q + 8 + h] = elem(w.a[p][t][3], h);
+      b[2 * q + h][g] = elem(w.b[p][t][0], h);
+      b[2 * q + 8 + h][g] = elem(w.b[p][t][1], h);
+    }
+  }
+  const int g = l / 4, q = l % 4;
+  for (int e = 0; e < 4; ++e) {
+    const int row = g + 8 * (e / 2), col = 2 * q + e % 2;
+    float sum = w.c[p][l][e];
+    for (int k = 0; k < 16; ++k) sum += a[row][k] * b[k][col];
+    d[e] = sum;
+  }
+}
+
+template <bool kBf16>
+void mma(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  Warp& w = warp();
+  Fiber& f = self();
+  const unsigned p = f.parity;
+  const int l = static_cast<int>(lane());
+  for (int i = 0; i < 4; ++i) w.a[p][l][i] = a[i], w.c[p][l][i] = d[i];
+  w.b[p][l][0] = b0;
+  w.b[p][l][1] = b1;
+  float out[kWarpSize][4];
+  arrive_and_wait(w.barrier, kWarpSize, [&] {
+    for (int t = 0; t < kWarpSize; ++t) {
+      float r[4];
+      mma_lane<kBf16>(w, p, t, r);
+      for (int e = 0; e < 4; ++e) out[t][e] = r[e];
+    }
+    for (int t = 0; t < kWarpSize; ++t)
+      for (int e = 0; e < 4; ++e) w.c[p][t][e] = out[t][e];  // results replace the inputs
+  });
+  for (int e = 0; e < 4; ++e) d[e] = w.c[p][l][e];
+  f.parity ^= 1;
+}
+
+// ldmatrix .x4 (.trans): lanes 8i..8i+7 address the rows of matrix i.
+inline void ldmatrix(uint32_t (&r)[4], uint32_t addr, bool trans) {
+  Warp& w = warp();
+  Fiber& f = self();
+  const unsigned p = f.parity;
+  const int l = static_cast<int>(lane());
+  w.addr[p][l] = addr;
+  arrive_and_wait(w.barrier, kWarpSize, [&] {
+    for (int t = 0; t < kWarpSize; ++t) {
+      for (int m = 0; m < 4; ++m) {
+        uint16_t e[2];
+        for (int h = 0; h < 2; ++h) {
+          // non-trans: row t / 4, column 2 (t % 4) + h; trans: row 2 (t % 4) + h, column t / 4
+          const int row = trans ? 2 * (t % 4) + h : t / 4;
+          const int col = trans ? t / 4 : 2 * (t % 4) + h;
+          const uint32_t row_addr = w.addr[p][8 * m + row];
+          if (row_addr % 16 != 0) ADD_FAILURE() << "ldmatrix row address " << row_addr;
+          std::memcpy(&e[h], shared_base + row_addr + 2 * col, 2);
+        }
+        w.regs_out[p][t][m] = static_cast<uint32_t>(e[0]) | (static_cast<uint32_t>(e[1]) << 16);
+      }
+    }
+  });
+  for (int m = 0; m < 4; ++m) r[m] = w.regs_out[p][l][m];
+  f.parity ^= 1;
+}
+
+inline float shfl_xor(float v, int mask) {
+  Warp& w = warp();
+  Fiber& f = self();
+  const unsigned p = f.parity;
+  const int l = static_cast<int>(lane());
+  w.value[p][l] = v;
+  arrive_and_wait(w.barrier, kWarpSize, [] {});
+  const float r = w.value[p][l ^ mask];
+  f.parity ^= 1;
+  return r;
+}
+
+inline void sync_threads() {
+  arrive_and_wait(cta->barrier, kCtaThreads, [] {});
+}
+
+inline int sync_threads_or(int predicate) {
+  Fiber& f = self();
+  const unsigned p = f.cta_parity;
+  if (predicate) cta->or_accumulator[p] = 1;
+  arrive_and_wait(cta->barrier, kCtaThreads, [p] {
+    cta->or_result[p] = cta->or_accumulator[p];
+    cta->or_accumulator[p] = 0;
+  });
+  f.cta_parity ^= 1;
+  return cta->or_result[p];
+}
+
+inline void copy_group(const std::vector<PendingCopy>& group) {
+  for (const PendingCopy& c : group) {
+    if (c.valid) {
+      std::memcpy(shared_base + c.dst, c.src, 16);
+    } else {
+      std::memset(shared_base + c.dst, 0, 16);
+    }
+  }
+}
+
+struct Index {
+  unsigned x;
+};
+
+}  // namespace emu
+
+// ---- CUDA builtins the kernel source uses, on the emulated model
+// ---------------------------------
+
+#define threadIdx (::emu::Index{::emu::thread_id()})
+#define blockIdx (::emu::Index{::emu::cta->block})
+#define __launch_bounds__(...)
+inline void __syncthreads() { emu::sync_threads(); }
+inline int __syncthreads_or(int predicate) { return emu::sync_threads_or(predicate); }
+inline float __shfl_xor_sync(unsigned /*mask*/, float v, int mask) {
+  return emu::shfl_xor(v, mask);
+}
+inline float __log2f(float x) { return std::log2(x); }
+inline int min(int a, int b) { return a < b ? a : b; }
+inline int max(int a, int b) { return a > b ? a : b; }
+
+// ---- host versions of ptx.cuh
+// ----------------------------------------------------------------------
+
+// The library's launch plan lives in mlakit::cuda::decode_sm90; the kernel headers below compile
+// into decode_sm90_emulated instead, so that their host-compiled functions cannot clash (or be
+// merged by the linker) with the library's kernel stubs of the same names.
+#include "cuda/decode/sm90/launch_plan.hpp"
+#include "cuda/decode/sm90/params.cuh"
+namespace mlakit::cuda::decode_sm90_emulated {
+using namespace ::mlakit::cuda::decode_sm90;  // the kernel arguments and the cache formats
+}
+#define decode_sm90 decode_sm90_emulated
+
+#define MLAKIT_CUDA_DECODE_SM90_PTX_CUH  // kernel.cuh's include of ptx.cuh becomes a no-op
+namespace mlakit::cuda::decode_sm90 {
+
+inline uint32_t smem_addr(const void* p) {
+  return static_cast<uint32_t>(static_cast<const uint8_t*>(p) - emu::shared_base);
+}
+inline void cp_async_16(uint32_t dst, const void* src, bool valid) {
+  if (dst % 16 != 0 || reinterpret_cast<uintptr_t>(src) % 16 != 0) {
+    ADD_FAILURE() << "cp.async addresses not 16-byte aligned";
+  }
+  emu::self().open_group.push_back({dst, src, valid});
+}
+inline void cp_async_commit() {
+  emu::Fiber& f = emu::self();
+  f.groups.push_back(std::move(f.open_group));
+  f.open_group.clear();
+}
+template <int kPending>
+void cp_async_wait() {
+  emu::Fiber& f = emu::self();
+  while (static_cast<int>(f.groups.size()) > kPending) {
+    emu::copy_group(f.groups.front());
+    f.groups.pop_front();
+  }
+}
+inline void ldmatrix_x4(uint32_t (&r)[4], uint32_t addr) { emu::ldmatrix(r, addr, false); }
+inline void ldmatrix_x4_trans(uint32_t (&r)[4], uint32_t addr) { emu::ldmatrix(r, addr, true); }
+inline float fast_exp2(float x) { return std::exp2(x); }
+inline uint32_t e4m3x2_to_f16x2(uint16_t two) {
+  const __half2_raw h =
+      __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(two), __NV_E4M3);
+  return static_cast<uint32_t>(h.x) | (static_cast<uint32_t>(h.y) << 16);
+}
+inline float2 f16x2_to_float2(uint32_t v) {
+  return make_float2(emu::f16_bits(v & 0xffffu), emu::f16_bits(v >> 16));
+}
+struct Bf16Mma {
+  static uint32_t pack(float lo, float hi) {
+    const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+    uint32_t r;
+    std::memcpy(&r, &v, sizeof(r));
+    return r;
+  }
+  static uint32_t from_e4m3x2(uint16_t two) {
+    const float2 f = f16x2_to_float2(e4m3x2_to_f16x2(two));
+    return pack(f.x, f.y);
+  }
+  static void mma(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+    emu::mma<true>(d, a, b0, b1);
+  }
+};
+struct F16Mma {
+  static uint32_t pack(float lo, float hi) {
+    const __half2 v = __floats2half2_rn(lo, hi);
+    uint32_t r;
+    std::memcpy(&r, &v, sizeof(r));
+    return r;
+  }
+  static uint32_t from_e4m3x2(uint16_t two) { return e4m3x2_to_f16x2(two); }
+  static void mma(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+    emu::mma<false>(d, a, b0, b1);
+  }
+};
+
+}  // namespace mlakit::cuda::decode_sm90
+
+#include "cuda/decode/sm90/kernel.cuh"
+#undef __shared__
+#define __shared__ static  // the combine's __shared__ arrays: one copy for all fibers of the CTA
+#include "cuda/decode/sm90/combine_kernel.cuh"
+#undef __shared__
+
+// The kernel's `extern __shared__ uint8_t smem[]`.
+namespace mlakit::cuda::decode_sm90 {
+alignas(128) uint8_t smem[kSmemLimit];
+}
+#undef decode_sm90
+
+#include "cuda/decode/schedule.hpp"
+#include "cuda/decode_test_support.hpp"
+
+namespace mlakit {
+namespace {
+
+using namespace decode_test;
+namespace sm90 = cuda::decode_sm90_emulated;
+
+template <class Kernel, class Params>
+void run_grid(Kernel kernel, const Params& params, int64_t ctas) {
+  for (int64_t block = 0; block < ctas; ++block) {
+    std::memset(sm90::smem, 0xff, sizeof(sm90::smem));
+    emu::shared_base = sm90::smem;
+    ASSERT_TRUE(emu::run_cta(static_cast<unsigned>(block), [&] { kernel(params); }))
+        << "deadlock in CTA " << block;
+  }
+}
+
+template <sm90::CacheFormat kFormat, class Element>
+void run_decode_rows(const cuda::decode_sm90::LaunchPlan& plan) {
+  if (plan.rows_per_cta == 16) {
+    run_grid(sm90::mla_decode_sm90_kernel<sm90::Config<16, kFormat, Element>>, plan.decode,
+             plan.decode_ctas);
+  } else {
+    run_grid(sm90::mla_decode_sm90_kernel<sm90::Config<64, kFormat, Element>>, plan.decode,
+             plan.decode_ctas);
+  }
+}
+
+template <sm90::CacheFormat kFormat>
+void run_decode_format(const cuda::decode_sm90::LaunchPlan& plan) {
+  if (plan.bf16_mma) {
+    run_decode_rows<kFormat, sm90::Bf16Mma>(plan);
+  } else {
+    run_decode_rows<kFormat, sm90::F16Mma>(plan);
+  }
+}
+
+// The launch sequence of cuda::mla_decode, emulated: plan (the library's), decode, combine.
+void emulate(const cpu::DecodeProblem& problem, const DecodeSchedule& schedule) {
+  const cuda::decode_sm90::LaunchPlan plan = cuda::decode_sm90::plan_launch(problem, schedule);
+  switch (plan.format) {
+    case sm90::CacheFormat::kNative:
+      run_decode_format<sm90::CacheFormat::kNative>(plan);
+      break;
+    case sm90::CacheFormat::kFp8E4m3:
+      run_decode_format<sm90::CacheFormat::kFp8E4m3>(plan);
+      break;
+    case sm90::CacheFormat::kFp8DsMla:
+      run_decode_format<sm90::CacheFormat::kFp8DsMla>(plan);
+      break;
+  }
+  if (plan.combine_ctas > 0)
+    run_grid(sm90::mla_decode_combine_kernel, plan.combine, plan.combine_ctas);
+}
+
+struct Outputs {
+  Tensor out_storage, lse_storage, workspace;
+  TensorView out, lse;
+};
+
+// The op's argument bundle, as src/ops/decode.cpp's validation builds it.
+Outputs run_emulated(const Case& c, const HostInputs& in, int64_t splits) {
+  Outputs o;
+  o.out_storage = test::nan_tensor({c.batch(), c.s_q, c.heads, kRank + c.out_pad}, c.out_dtype);
+  o.lse_storage = test::nan_tensor({c.batch(), c.s_q, c.heads + c.out_pad}, DType::kF32);
+  o.out = o.out_storage.view().narrow(3, 0, kRank);
+  o.lse = o.lse_storage.view().narrow(2, 0, c.heads);
+  const DecodeSchedule s =
+      cuda::uniform_decode_schedule(c.batch(), splits, in.block_table.size(1) * c.block_size);
+  o.workspace = test::nan_tensor(
+      {std::max<int64_t>(1, ops::mla_decode_workspace_elems(s, c.s_q, c.heads, kRank))},
+      DType::kF32);
+  cpu::DecodeProblem p;
+  p.q = in.q;
+  p.kv_cache = in.cache;
+  p.block_table = in.block_table;
+  p.seq_lens = in.seq_lens;
+  p.out = o.out;
+  p.lse = o.lse;
+  p.workspace = o.workspace.data<float>();
+  p.kv_dtype = c.kv_dtype;
+  p.kv_lora_rank = kRank;
+  p.entry_dim = kDim;
+  p.rope_dtype = c.kv_dtype == KvCacheDType::kFp8DsMla ? c.cache_dtype : DType::kBF16;
+  const bool fp8_values = c.kv_dtype == KvCacheDType::kFp8E4m3;
+  p.score_scale =
+      kDeepSeekScale * (is_fp8(c.q_dtype) ? c.q_scale : 1.0f) * (fp8_values ? c.k_scale : 1.0f);
+  p.value_scale = fp8_values ? c.k_scale : 1.0f;
+  emulate(p, s);
+  return o;
+}
+
+void check_case(const Case& c, uint64_t stream, std::vector<int64_t> splits) {
+  SCOPED_TRACE(c.name());
+  auto rng = test::make_rng(stream);
+  const HostInputs in = make_inputs(c, rng);
+  const Expected kernel_ref = reference(c, in.q_kernel, in.k_kernel);
+  const Expected exact_ref = c.exact_inputs() ? kernel_ref : reference(c, in.q_exact, in.k_exact);
+  for (int64_t s : splits) {
+    SCOPED_TRACE(testing::Message() << "splits " << s);
+    const Outputs o = run_emulated(c, in, s);
+    EXPECT_TRUE(test::all_close(o.out, kernel_ref.out, out_tolerance(c))) << "out vs oracle";
+    EXPECT_TRUE(test::all_close(o.lse, kernel_ref.lse, kLseTolerance)) << "lse vs oracle";
+    EXPECT_LT(cos_diff(test::to_doubles(o.out), exact_ref.out), cos_bar(c));
+    // Pads of the strided outputs keep their NaN.
+    const std::vector<double> out = test::to_doubles(o.out_storage.view());
+    for (size_t i = 0; i < out.size(); ++i) {
+      if (static_cast<int64_t>(i) % (kRank + c.out_pad) >= kRank) {
+        ASSERT_TRUE(std::isnan(out[i])) << "out pad element " << i << " was written";
+      }
+    }
+  }
+}
+
+// 16-row CTAs: lengths around tile and page boundaries, an empty request, splits with empty tails.
+TEST(MlaDecodeEmulated, Bf16SixteenRows) {
+  Case c;
+  c.seq_lens = {65, 130, 0};
+  c.block_size = 16;
+  check_case(c, 100, {1, 3});
+}
+
+// 64-row CTAs: s_q 4 x 16 heads, bottom-right causal across split boundaries.
+TEST(MlaDecodeEmulated, Bf16SixtyFourRowsCausal) {
+  Case c;
+  c.seq_lens = {100, 7};
+  c.s_q = 4;
+  c.out_dtype = DType::kBF16;
+  check_case(c, 200, {1, 2});
+}
+
+// Rows of a 64-row CTA partly padding (s_q 2 x 24 heads = 48), f16 cache, page 128.
+TEST(MlaDecodeEmulated, F16PartialRowTile) {
+  Case c;
+  c.seq_lens = {70};
+  c.s_q = 2;
+  c.heads = 24;
+  c.block_size = 128;
+  c.cache_dtype = c.q_dtype = DType::kF16;
+  c.out_dtype = DType::kF16;
+  check_case(c, 300, {2});
+}
+
+// Two 64-row tiles per request (128 heads); s_q 8 with requests shorter than s_q (early queries
+// see no key); one long request over 20 splits, four of them empty.
+TEST(MlaDecodeEmulated, RowTilesSpeculativeQueriesAndManySplits) {
+  Case heads128;
+  heads128.seq_lens = {70, 0};
+  heads128.heads = 128;
+  heads128.out_dtype = DType::kBF16;
+  check_case(heads128, 250, {2});
+  Case spec;
+  spec.seq_lens = {9, 5, 1};
+  spec.s_q = 8;
+  spec.heads = 8;
+  spec.block_size = 16;
+  check_case(spec, 251, {1, 2});
+  Case long_one;
+  long_one.seq_lens = {1000};
+  check_case(long_one, 252, {20});
+}
+
+TEST(MlaDecodeEmulated, Fp8CacheWithScales) {
+  Case c;  // f16 MMAs (fp8 q), 16 rows, four raw stages
+  c.seq_lens = {100, 64};
+  c.kv_dtype = KvCacheDType::kFp8E4m3;
+  c.q_dtype = DType::kFp8E4m3;
+  c.q_scale = 2.0f;
+  c.k_scale = 3.0f;
+  c.block_size = 16;
+  check_case(c, 400, {1, 2});
+  Case bf16_q = c;  // bf16 MMAs, 64 rows
+  bf16_q.q_dtype = DType::kBF16;
+  bf16_q.seq_lens = {70};
+  bf16_q.heads = 32;
+  bf16_q.out_dtype = DType::kBF16;
+  check_case(bf16_q, 401, {1});
+}
+
+TEST(MlaDecodeEmulated, DsMlaCache) {
+  Case c;  // bf16, 16 rows, three raw stages
+  c.seq_lens = {90, 3};
+  c.kv_dtype = KvCacheDType::kFp8DsMla;
+  c.k_scale = 5.0f;  // must not apply
+  check_case(c, 500, {2});
+  Case f16 = c;  // f16, 64 rows, one raw stage; fp8 q with the rope dtype from out
+  f16.cache_dtype = DType::kF16;
+  f16.q_dtype = DType::kFp8E4m3;
+  f16.out_dtype = DType::kF16;
+  f16.s_q = 2;
+  f16.seq_lens = {130};
+  check_case(f16, 501, {1});
+}
+
+// Unaligned q rows (scalar loads), an f32 q converted to bf16, strided out and lse.
+TEST(MlaDecodeEmulated, StridedAndConvertedQuery) {
+  Case c;
+  c.seq_lens = {40, 0};
+  c.s_q = 2;
+  c.heads = 4;
+  c.q_pad = 1;
+  c.out_pad = 8;
+  c.q_dtype = DType::kF32;
+  check_case(c, 600, {1, 2});
+}
+
+TEST(MlaDecodeEmulated, BadIndicesGiveNanRows) {
+  Case c;
+  c.seq_lens = {50, 100, 20, 40};
+  c.block_size = 16;
+  auto rng = test::make_rng(700);
+  HostInputs in = make_inputs(c, rng);
+  const Expected ref = reference(c, in.q_kernel, in.k_kernel);
+  const int64_t width = in.block_table.size(1);
+  int32_t* table = in.block_table.data<int32_t>();
+  table[1 * width + 5] = static_cast<int32_t>(in.cache.size(0));  // one past the last block
+  table[3 * width + 1] = -1;
+  in.seq_lens.data<int32_t>()[2] = static_cast<int32_t>(width * c.block_size + 1);
+  const int64_t row = c.s_q * c.heads;
+  for (int64_t s : {1, 2}) {
+    SCOPED_TRACE(testing::Message() << "splits " << s);
+    const Outputs o = run_emulated(c, in, s);
+    const std::vector<double> out = test::to_doubles(o.out), lse = test::to_doubles(o.lse);
+    for (int64_t i = row * kRank; i < 4 * row * kRank; ++i) ASSERT_TRUE(std::isnan(out[i])) << i;
+    for (int64_t i = row; i < 4 * row; ++i) ASSERT_TRUE(std::isnan(lse[i])) << i;
+    const std::vector<double> want(ref.out.begin(), ref.out.begin() + row * kRank);
+    EXPECT_TRUE(test::all_close(o.out.narrow(0, 0, 1), want, out_tolerance(c)));
+  }
+}
+
+}  // namespace
+}  // namespace mlakit
