@@ -51,9 +51,10 @@ CLI::Validator at_least(int64_t minimum) {
 }
 
 void add_run_options(CLI::App& run, RunOptions& o) {
-  run.add_option("--preset,--model", o.model, "model preset (dims, heads, softmax scale)")
-      ->check(CLI::IsMember(mlakit::cli::model_preset_names()))
-      ->capture_default_str();
+  run.add_option("--preset,--model", o.model,
+                 "model preset (dims, heads, softmax scale); default deepseek-v2-lite on the "
+                 "CPU, deepseek-v3 with --device cuda")
+      ->check(CLI::IsMember(mlakit::cli::model_preset_names()));
   run.add_option("--tp", o.tp, "tensor-parallel size: this rank serves num_heads / tp heads")
       ->check(at_least(1))
       ->capture_default_str();

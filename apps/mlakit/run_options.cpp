@@ -41,7 +41,11 @@ Device parse_device(const std::string& name) {
 }
 
 RunConfig resolve_run_options(const RunOptions& o) {
-  const ModelPreset& preset = find_preset(o.model);
+  // Without --preset: DeepSeek-V2-Lite on the CPU, DeepSeek-V3 (128 heads) on a GPU.
+  const std::string model =
+      !o.model.empty() ? o.model
+                       : (parse_device(o.device).is_cuda() ? "deepseek-v3" : "deepseek-v2-lite");
+  const ModelPreset& preset = find_preset(model);
   RunConfig c;
   c.model = preset.name;
   c.tp = o.tp;

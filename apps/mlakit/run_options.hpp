@@ -9,7 +9,7 @@
 namespace mlakit::cli {
 
 struct RunOptions {
-  std::string model = "deepseek-v2-lite";
+  std::string model;  // empty: deepseek-v2-lite on the CPU, deepseek-v3 on a GPU
   int64_t tp = 1;
   int64_t num_layers = 2;
   int64_t num_requests = 16;
