@@ -307,11 +307,15 @@ void MlaAttention::forward(const TensorView& q, const TensorView& kv_c_normed,
   require(kv_cache.numel() > 0 || !needs_cache, ErrorCode::kInvalidArgument, kOp,
           ": kv_cache is empty but the batch has ", plan.split.num_decodes, " decode requests and ",
           plan.context_chunks.size(), " context chunks to read");
-  const detail::DecodeRuns runs =
-      detail::decode_runs(plan, batch->query_start_loc, batch->seq_lens,
-                          [&](std::span<const int32_t> lens, int64_t q_len) {
-                            return decode_schedule(c, lens, q_len, batch->block_table.shape[1]);
-                          });
+  const detail::DecodeRuns runs = detail::decode_runs(
+      plan, batch->query_start_loc, batch->seq_lens,
+      [&](std::span<const int32_t> lens, int64_t q_len) {
+        // The planner already scheduled all decodes for the CPU: reuse it for the one-run case.
+        const bool all_decodes = lens.data() == batch->seq_lens.data() &&
+                                 lens.size() == plan.decode_schedule.split_len.size();
+        if (c.device.is_cpu() && all_decodes) return plan.decode_schedule;
+        return decode_schedule(c, lens, q_len, batch->block_table.shape[1]);
+      });
 
   // Size the workspace with the same carving code that uses it.
   StepIndices indices = collect_indices(plan, batch->seq_lens);

@@ -66,19 +66,61 @@ Tensor on_device(const Tensor& host, Device device) {
   return d;
 }
 
-Tolerance tolerance_for_case(const E2eCase& c, bool decode_row) {
+Tolerance tolerance_for_case(const E2eCase& c) {
   Tolerance t = tolerance_for(c.act_dtype);
   // Intermediates (k_nope, v, the absorbed q) are rounded to the activation dtype once more
   // than the inputs: allow twice the single-rounding bound.
   t.atol *= 2;
   t.rtol *= 2;
-  if (c.kv_dtype == KvCacheDType::kFp8E4m3 && decode_row) {
-    // The decode query is itself quantized to e4m3 (3 mantissa bits, relative error <= 1/16),
-    // which the non-absorbed oracle cannot reproduce: scores move by ~scale*|q||k|/16/sqrt(D).
-    t.atol = std::max(t.atol, 0.1);
-    t.rtol = std::max(t.rtol, 0.1);
-  }
   return t;
+}
+
+// D.1's decode-path reference for fp8_e4m3 caches: the decode query is itself quantized (spec
+// A.6), which the non-absorbed oracle cannot express, so these rows are checked against the
+// absorbed form computed in fp64 with the query quantized as the library does: ql = q_nope W_UK
+// rounded to the activation dtype, then e4m3(x * (1 / q_scale)) * q_scale (q_pe too); latent MQA
+// over the cache values; out = o_lat W_UV. Returns [q_len, N, V].
+std::vector<double> fp8_decode_reference(const E2eCase& c, const std::vector<double>& w,
+                                         const std::vector<double>& q,
+                                         const std::vector<double>& kv_seen,
+                                         const std::vector<double>& pe_seen, int64_t q_len,
+                                         int64_t keys, double scale) {
+  const MlaDims& d = c.dims;
+  const int64_t n = d.num_heads, l = d.kv_lora_rank, r = d.qk_rope_head_dim, p = d.qk_nope_head_dim,
+                v = d.v_head_dim, dqk = d.qk_head_dim(), e = l + r;
+  const float inv_q_scale = 1.0f / c.q_scale;
+  auto quantize = [&](double x) {
+    const float rounded = round_to_dtype(static_cast<float>(x), c.act_dtype);
+    return double(e4m3_bits_to_float(float_to_e4m3_bits(rounded * inv_q_scale))) * c.q_scale;
+  };
+  std::vector<double> q_abs(q_len * n * e), k(keys * e), o(q_len * n * v, 0.0);
+  for (int64_t t = 0; t < q_len; ++t) {
+    for (int64_t h = 0; h < n; ++h) {
+      const double* qh = &q[(t * n + h) * dqk];
+      double* qa = &q_abs[(t * n + h) * e];
+      for (int64_t i = 0; i < l; ++i) {
+        double acc = 0;
+        for (int64_t j = 0; j < p; ++j) acc += qh[j] * w[(h * (p + v) + j) * l + i];
+        qa[i] = quantize(acc);
+      }
+      for (int64_t i = 0; i < r; ++i) qa[l + i] = quantize(qh[p + i]);
+    }
+  }
+  for (int64_t s = 0; s < keys; ++s) {
+    std::copy_n(&kv_seen[s * l], l, &k[s * e]);
+    std::copy_n(&pe_seen[s * r], r, &k[s * e + l]);
+  }
+  const ref::AttentionResult lat =
+      ref::attention(q_abs, k, kv_seen, q_len, keys, n, /*kv_heads=*/1, e, l, scale, true);
+  for (int64_t t = 0; t < q_len; ++t)
+    for (int64_t h = 0; h < n; ++h)
+      for (int64_t j = 0; j < v; ++j) {
+        double acc = 0;
+        for (int64_t i = 0; i < l; ++i)
+          acc += lat.out[(t * n + h) * l + i] * w[(h * (p + v) + p + j) * l + i];
+        o[(t * n + h) * v + j] = acc;
+      }
+  return o;
 }
 
 }  // namespace
@@ -243,12 +285,21 @@ E2eResult run_e2e_case(const E2eCase& c) {
     const ref::AttentionResult expected =
         ref::mla_mha(weights, q_req[q], kv_seen, pe_seen, ql, s, scale);
     const TensorView out_rows = output.view().narrow(0, qsl[q], ql);
-    const auto check = all_close(out_rows, expected.out, tolerance_for_case(c, decode));
+    Tolerance tol = tolerance_for_case(c);
+    std::vector<double> expected_out = expected.out;
+    if (c.kv_dtype == KvCacheDType::kFp8E4m3 && decode) {
+      expected_out = fp8_decode_reference(c, w, q_req[q], kv_seen, pe_seen, ql, s, scale);
+      // fp64 and the library's f32 GEMM can round ql to the two sides of an e4m3 rounding
+      // boundary; one such flip moves an O(1) output by ~1e-2 at most.
+      tol.atol = std::max(tol.atol, 2e-2);
+      tol.rtol = std::max(tol.rtol, 2e-2);
+    }
+    const auto check = all_close(out_rows, expected_out, tol);
     EXPECT_TRUE(check) << c.name << ": request " << q << " (" << (decode ? "decode" : "prefill")
                        << ", seq_len " << s << ", q_len " << ql << ")";
     const std::vector<double> got = to_doubles(out_rows);
     for (size_t i = 0; i < got.size(); ++i)
-      result.max_abs_error = std::max(result.max_abs_error, std::fabs(got[i] - expected.out[i]));
+      result.max_abs_error = std::max(result.max_abs_error, std::fabs(got[i] - expected_out[i]));
   }
   if (tokens > real_tokens) {  // padding tokens of a uniform decode batch attend to nothing
     const std::vector<double> zeros((tokens - real_tokens) * n * v, 0.0);
