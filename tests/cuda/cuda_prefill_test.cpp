@@ -223,15 +223,15 @@ TEST(CudaPrefill, RandomVarlenBatchesMatchReferenceAndCpu) {
 }
 
 TEST(CudaPrefill, TileBoundaries) {
-  // Lengths at and around the 64-row / 64-key tiles: 1, 63, 64, 65, 128, 129 queries; keys equal,
-  // one short, one past.
+  // Lengths at and around the tiles of both kernels (64 rows / 64 keys for mma.sync, 128 / 128 for
+  // wgmma): queries 1, 63, 64, 65, 127, 128, 129, 255, 257; keys equal, one short, one past.
   MLAKIT_SKIP_WITHOUT_GPU();
   auto rng = test::make_rng(61);
   for (bool causal : {true, false}) {
     Case c;
     c.causal = causal;
-    c.sq = {1, 63, 64, 65, 128, 129};
-    c.sk = {1, 62, 64, 66, 129, 128};
+    c.sq = {1, 63, 64, 65, 127, 128, 129, 255, 257};
+    c.sk = {1, 62, 64, 66, 128, 129, 128, 254, 300};
     SCOPED_TRACE(describe(c));
     check_case(rng, c);
   }

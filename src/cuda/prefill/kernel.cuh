@@ -15,28 +15,16 @@
 #include "cuda/common/device_errors.cuh"
 #include "cuda/common/elements.cuh"
 #include "cuda/common/pack.cuh"
+#include "cuda/prefill/online_softmax.cuh"
 #include "cuda/prefill/params.cuh"
+#include "cuda/prefill/ptx.cuh"
+#include "cuda/prefill/request.cuh"
 #include "cuda/prefill/traits.cuh"
 
 namespace mlakit::cuda::prefill {
 
 // ---- PTX wrappers
 // --------------------------------------------------------------------------------
-
-__device__ __forceinline__ uint32_t smem_address(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-
-// 16 bytes global -> shared; src_bytes 0 writes zeros (src is not read).
-__device__ __forceinline__ void cp_async_16(void* dst, const void* src, int src_bytes) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_address(dst)), "l"(src),
-               "r"(src_bytes));
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-template <int kPending>
-__device__ __forceinline__ void cp_async_wait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending));
-}
 
 // Four 8x8 16-bit matrices; lane l gives the address of row l % 8 of matrix l / 8.
 __device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const void* p) {
@@ -155,9 +143,8 @@ __device__ __forceinline__ void load_kv_tile(const PrefillParams& p, SharedStora
 // ---- Compute
 // -------------------------------------------------------------------------------------
 
-constexpr int kScoreTiles = kBlockN / 8;         // n8 tiles of S per warp: 8
-constexpr int kOutTiles = kHeadDimV / 8;         // n8 tiles of O per warp: 16
-constexpr float kLn2 = 0.69314718055994530942f;  // log2 LSE -> natural log
+constexpr int kScoreTiles = kBlockN / 8;  // n8 tiles of S per warp: 8
+constexpr int kOutTiles = kHeadDimV / 8;  // n8 tiles of O per warp: 16
 
 // acc[j] (16 x 8 tile j of the warp's S) += Q[warp rows] K[stage]^T.
 template <class In>
@@ -205,77 +192,6 @@ __device__ __forceinline__ void accumulate_pv(const SharedStorage& s, int stage,
   }
 }
 
-// Max over the 4 lanes of a quad (they hold one row's columns).
-__device__ __forceinline__ float quad_max(float x) {
-  x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
-  return fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2));
-}
-__device__ __forceinline__ float quad_sum(float x) {
-  x += __shfl_xor_sync(0xffffffffu, x, 1);
-  return x + __shfl_xor_sync(0xffffffffu, x, 2);
-}
-
-// Online softmax of one key tile for the thread's two rows (h = 0: row lane / 4, h = 1: +8).
-// score: raw Q K^T; on return, probabilities 2^(score * scale_log2 - row_max).
-// key_limit[h]: keys of the tile (counted from its first) the row sees; mask only when `masked`.
-__device__ __forceinline__ void softmax_tile(float (&score)[kScoreTiles][4], float scale_log2,
-                                             bool masked, const int (&key_limit)[2], int lane,
-                                             float (&row_max)[2], float (&row_sum)[2],
-                                             float (&out)[kOutTiles][4]) {
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    float tile_max = -INFINITY;
-#pragma unroll
-    for (int j = 0; j < kScoreTiles; ++j) {
-#pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        float x = score[j][2 * h + e] * scale_log2;
-        if (masked && j * 8 + (lane % 4) * 2 + e >= key_limit[h]) x = -INFINITY;
-        score[j][2 * h + e] = x;
-        tile_max = fmaxf(tile_max, x);
-      }
-    }
-    const float new_max = fmaxf(row_max[h], quad_max(tile_max));
-    // A row that has seen only masked keys keeps max -inf; subtracting 0 then gives 2^-inf = 0.
-    const float base = new_max == -INFINITY ? 0.0f : new_max;
-    const float rescale = exp2f(row_max[h] - base);  // 0 on the first tile (-inf - base)
-    row_max[h] = new_max;
-    float sum = 0.0f;
-#pragma unroll
-    for (int j = 0; j < kScoreTiles; ++j) {
-#pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        const float prob = exp2f(score[j][2 * h + e] - base);
-        score[j][2 * h + e] = prob;
-        sum += prob;
-      }
-    }
-    row_sum[h] = row_sum[h] * rescale + sum;  // per-lane partial; the quad is summed at the end
-#pragma unroll
-    for (int j = 0; j < kOutTiles; ++j) {
-      out[j][2 * h] *= rescale;
-      out[j][2 * h + 1] *= rescale;
-    }
-  }
-}
-
-// ---- Epilogues
-// -----------------------------------------------------------------------------------
-
-// Rows [first, end) of the whole q that belong to no request: out 0, lse -inf. The block of
-// blockIdx.z == B strides over them with the x blocks.
-template <class Out>
-__device__ void write_uncovered_rows(const PrefillParams& p, int head, int64_t first) {
-  auto* out = static_cast<typename Out::Storage*>(p.out);
-  const int64_t count = p.tokens - first;
-  for (int64_t i = int64_t{blockIdx.x} * kThreads + threadIdx.x; i < count * kHeadDimV;
-       i += int64_t{gridDim.x} * kThreads) {
-    const int64_t t = first + i / kHeadDimV, d = i % kHeadDimV;
-    out[t * p.out_stride[0] + head * p.out_stride[1] + d * p.out_stride[2]] = Out::store(0.0f);
-    if (d == 0 && p.lse != nullptr) p.lse[head * p.lse_stride[0] + t * p.lse_stride[1]] = -INFINITY;
-  }
-}
-
 // ---- The kernel
 // ----------------------------------------------------------------------------------
 
@@ -287,42 +203,17 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm)
   const int head = blockIdx.y, b = blockIdx.z;
   const int warp = threadIdx.x / kWarpSize, lane = threadIdx.x % kWarpSize;
 
-  const int64_t q_begin = p.cu_seqlens_q[b * p.cu_seqlens_q_stride];
-  if (b == p.batch) {  // the rows past the last request
-    if (q_begin < 0 || q_begin > p.tokens) {
-      if (threadIdx.x == 0 && blockIdx.x == 0 && head == 0) {
-        raise_device_error(p.error_word, kPrefillBadSeqlens);
-      }
-      return;
-    }
-    write_uncovered_rows<Out>(p, head, q_begin);
-    return;
-  }
-  const int64_t q_end = p.cu_seqlens_q[(b + 1) * p.cu_seqlens_q_stride];
-  const int64_t k_begin = p.cu_seqlens_k[b * p.cu_seqlens_k_stride];
-  const int64_t k_end = p.cu_seqlens_k[(b + 1) * p.cu_seqlens_k_stride];
-  const bool valid = q_begin >= 0 && q_begin <= q_end && q_end <= p.tokens &&
-                     q_end - q_begin <= p.max_seqlen_q && k_begin >= 0 && k_begin <= k_end &&
-                     k_end <= p.keys && k_end - k_begin <= p.max_seqlen_k &&
-                     (b > 0 || (q_begin == 0 && k_begin == 0));
-  if (!valid) {
-    if (threadIdx.x == 0 && blockIdx.x == 0 && head == 0) {
-      raise_device_error(p.error_word, kPrefillBadSeqlens);
-    }
-    return;
-  }
-  const int sq = static_cast<int>(q_end - q_begin), sk = static_cast<int>(k_end - k_begin);
+  Request r;
+  if (!resolve_request<Out>(p, head, b, r)) return;
+  const int64_t q_begin = r.q_begin, k_begin = r.k_begin;
+  const int sq = r.sq, sk = r.sk;
   // First query row of the block within the request. Reversed: the blocks launched first hold
   // the last rows, which see the most keys under the causal mask (shorter tail of the grid).
   const int row0 = (gridDim.x - 1 - blockIdx.x) * kBlockM;
   if (row0 >= sq) return;
   const int rows_valid = min(kBlockM, sq - row0);
-  // Query row i sees keys [0, i + 1 + sk - sq) (causal, bottom-right) or [0, sk).
-  const int diagonal = sk - sq + 1;  // key limit of row 0
-  const int block_keys =
-      p.causal ? max(0, min(sk, row0 + rows_valid - 1 + diagonal)) : sk;  // the last row's limit
-  const int first_row_keys = p.causal ? min(sk, row0 + diagonal) : sk;    // may be negative
-  const int key_tiles = (block_keys + kBlockN - 1) / kBlockN;
+  const KeyRange keys = key_range(r, p.causal, row0, rows_valid);
+  const int key_tiles = (keys.block_keys + kBlockN - 1) / kBlockN;
 
   const auto* q_rows =
       static_cast<const uint16_t*>(p.q) + (q_begin + row0) * p.q_stride[0] + head * p.q_stride[1];
@@ -335,7 +226,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm)
   float out[kOutTiles][4];
 #pragma unroll
   for (int j = 0; j < kOutTiles; ++j) out[j][0] = out[j][1] = out[j][2] = out[j][3] = 0.0f;
-  float row_max[2] = {-INFINITY, -INFINITY}, row_sum[2] = {0.0f, 0.0f};
+  RowState rows;
   const int warp_row = row0 + warp * 16 + lane / 4;  // the thread's first row in the request
 
   for (int t = 0; t < key_tiles; ++t) {
@@ -352,40 +243,21 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm)
     compute_scores<In>(s, stage, warp, lane, score);
     const int key0 = t * kBlockN;
     // Masked when some key of the tile is past the first row's limit (causal) or past sk.
-    const bool masked = key0 + kBlockN > first_row_keys;
+    const bool masked = key0 + kBlockN > keys.first_row_keys;
     int key_limit[2];
 #pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const int row = warp_row + 8 * h;
-      key_limit[h] = (p.causal ? min(sk, row + diagonal) : sk) - key0;
-    }
-    softmax_tile(score, p.scale_log2, masked, key_limit, lane, row_max, row_sum, out);
+    for (int h = 0; h < 2; ++h)
+      key_limit[h] = row_key_limit(r, keys, p.causal, warp_row + 8 * h, key0);
+    softmax_tile<kScoreTiles, kOutTiles>([&](int j, int i) -> float& { return score[j][i]; },
+                                         p.scale_log2, masked, key_limit, lane, rows,
+                                         [&](int j, int i) -> float& { return out[j][i]; });
     accumulate_pv<In>(s, stage, lane, score, out);
     __syncthreads();  // the next iteration's copy overwrites this stage
   }
   cp_async_wait<0>();
 
-  // Epilogue: normalize, convert to out's dtype, write with out's strides; LSE in natural log.
-  auto* out_ptr = static_cast<typename Out::Storage*>(p.out);
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    const int row = warp_row + 8 * h;
-    const float sum = quad_sum(row_sum[h]);
-    if (row >= sq) continue;
-    const int64_t token = q_begin + row;
-    const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
-    typename Out::Storage* dst = out_ptr + token * p.out_stride[0] + head * p.out_stride[1];
-#pragma unroll
-    for (int j = 0; j < kOutTiles; ++j) {
-      const int col = j * 8 + (lane % 4) * 2;
-      dst[col * p.out_stride[2]] = Out::store(out[j][2 * h] * inv);
-      dst[(col + 1) * p.out_stride[2]] = Out::store(out[j][2 * h + 1] * inv);
-    }
-    if (p.lse != nullptr && lane % 4 == 0) {
-      p.lse[head * p.lse_stride[0] + token * p.lse_stride[1]] =
-          sum > 0.0f ? (row_max[h] + log2f(sum)) * kLn2 : -INFINITY;
-    }
-  }
+  store_rows<Out, kOutTiles>(p, r, head, warp_row, lane, rows,
+                             [&](int j, int i) -> float& { return out[j][i]; });
 }
 
 }  // namespace mlakit::cuda::prefill

@@ -1,5 +1,7 @@
-// Grid, shared-memory attribute and launch of the prefill kernel for one input type; included
+// Grid, shared-memory attribute and launch of the prefill kernels for one input type; included
 // only by instantiations/<dtype>.cu (one translation unit per input type builds in parallel).
+// 16-byte aligned rows with contiguous dims (PrefillParams::vector_loads) run the wgmma kernel;
+// any other layout runs the mma.sync kernel, which also takes element-strided rows.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -10,27 +12,39 @@
 #include "cuda/common/runtime.hpp"
 #include "cuda/prefill/entry.cuh"
 #include "cuda/prefill/kernel.cuh"
+#include "cuda/prefill/wgmma_kernel.cuh"
 
 namespace mlakit::cuda::prefill {
 
 // Grid: x = query tiles of the longest request, y = heads, z = requests + 1 (the last z writes
 // the rows past the last request). Blocks past their request's length exit at once; no host
 // knowledge of the lengths is needed.
+template <class Kernel>
+void launch(Kernel kernel, const PrefillParams& p, int64_t heads, int block_rows, int threads,
+            int smem_bytes, cudaStream_t stream) {
+  const int64_t query_tiles = std::max<int64_t>(1, (p.max_seqlen_q + block_rows - 1) / block_rows);
+  const dim3 grid(static_cast<unsigned>(query_tiles), static_cast<unsigned>(heads),
+                  static_cast<unsigned>(p.batch + 1));
+  // Above 48 KiB a block needs the opt-in limit (not a stream operation: graph-capture safe).
+  check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes),
+             kPrefillOp, "cudaFuncSetAttribute(prefill_kernel)");
+  kernel<<<grid, threads, smem_bytes, stream>>>(p);
+  check_launch(kPrefillOp, "prefill_kernel");
+}
+
 template <class In>
 void launch_prefill_kernel(const PrefillParams& p, int64_t heads, DType out_dtype,
                            cudaStream_t stream) {
-  const int64_t query_tiles = std::max<int64_t>(1, (p.max_seqlen_q + kBlockM - 1) / kBlockM);
-  const dim3 grid(static_cast<unsigned>(query_tiles), static_cast<unsigned>(heads),
-                  static_cast<unsigned>(p.batch + 1));
-  constexpr int kSmemBytes = sizeof(SharedStorage);
   dispatch_float(kPrefillOp, out_dtype, [&](auto out_type) {
-    const auto kernel = prefill_kernel<In, decltype(out_type)>;
-    // Above 48 KiB a block needs the opt-in limit (not a stream operation: graph-capture safe).
-    check_cuda(
-        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes),
-        kPrefillOp, "cudaFuncSetAttribute(prefill_kernel)");
-    kernel<<<grid, kThreads, kSmemBytes, stream>>>(p);
-    check_launch(kPrefillOp, "prefill_kernel");
+    using Out = decltype(out_type);
+    if (p.vector_loads) {
+      using W = wgmma::Traits<In>;
+      launch(wgmma::prefill_kernel<In, Out>, p, heads, W::kBlockM, W::kThreads, W::kSmemBytes,
+             stream);
+    } else {
+      launch(prefill_kernel<In, Out>, p, heads, kBlockM, kThreads,
+             static_cast<int>(sizeof(SharedStorage)), stream);
+    }
   });
 }
 

@@ -1,0 +1,106 @@
+// The online softmax and the epilogue shared by the prefill kernels. Both kernels hold S and O in
+// the m16n8 accumulator layout (mma.sync m16n8k16 and wgmma m64nNk16 alike): a thread owns two
+// rows (h = 0: lane / 4 of its 16-row slab, h = 1: 8 rows below) and, per n8 tile j, columns
+// 8 j + 2 (lane % 4) + {0, 1}. Accessors `score(j, i)` / `out(j, i)` return the f32 of tile j,
+// index i = 2 h + e (e: the column of the pair), so either register container fits.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+
+#include "cuda/prefill/params.cuh"
+#include "cuda/prefill/request.cuh"
+#include "cuda/prefill/traits.cuh"
+
+namespace mlakit::cuda::prefill {
+
+constexpr float kLn2 = 0.69314718055994530942f;  // log2 LSE -> natural log
+
+// Max over the 4 lanes of a quad (they hold one row's columns).
+__device__ __forceinline__ float quad_max(float x) {
+  x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
+  return fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2));
+}
+__device__ __forceinline__ float quad_sum(float x) {
+  x += __shfl_xor_sync(0xffffffffu, x, 1);
+  return x + __shfl_xor_sync(0xffffffffu, x, 2);
+}
+
+// Running max (log2 units) and per-lane partial sum of the thread's two rows.
+struct RowState {
+  float max[2] = {-INFINITY, -INFINITY};
+  float sum[2] = {0.0f, 0.0f};
+};
+
+// Online softmax of one key tile of kScoreTiles n8 tiles. score: raw Q K^T; on return,
+// probabilities 2^(score * scale_log2 - row max). key_limit[h]: keys of the tile (counted from its
+// first) row h sees; masking only when `masked`. The kOutTiles tiles of O are rescaled.
+template <int kScoreTiles, int kOutTiles, class ScoreAt, class OutAt>
+__device__ __forceinline__ void softmax_tile(ScoreAt&& score, float scale_log2, bool masked,
+                                             const int (&key_limit)[2], int lane, RowState& rows,
+                                             OutAt&& out) {
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    float tile_max = -INFINITY;
+#pragma unroll
+    for (int j = 0; j < kScoreTiles; ++j) {
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        float x = score(j, 2 * h + e) * scale_log2;
+        if (masked && j * 8 + (lane % 4) * 2 + e >= key_limit[h]) x = -INFINITY;
+        score(j, 2 * h + e) = x;
+        tile_max = fmaxf(tile_max, x);
+      }
+    }
+    const float new_max = fmaxf(rows.max[h], quad_max(tile_max));
+    // A row that has seen only masked keys keeps max -inf; subtracting 0 then gives 2^-inf = 0.
+    const float base = new_max == -INFINITY ? 0.0f : new_max;
+    const float rescale = exp2f(rows.max[h] - base);  // 0 on the first tile (-inf - base)
+    rows.max[h] = new_max;
+    float sum = 0.0f;
+#pragma unroll
+    for (int j = 0; j < kScoreTiles; ++j) {
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const float prob = exp2f(score(j, 2 * h + e) - base);
+        score(j, 2 * h + e) = prob;
+        sum += prob;
+      }
+    }
+    rows.sum[h] = rows.sum[h] * rescale + sum;  // per-lane partial; the quad sums at the end
+#pragma unroll
+    for (int j = 0; j < kOutTiles; ++j) {
+      out(j, 2 * h) *= rescale;
+      out(j, 2 * h + 1) *= rescale;
+    }
+  }
+}
+
+// Normalizes O, converts it to out's dtype and writes the thread's rows (request rows `row` and
+// row + 8, skipped past sq) with out's strides; the LSE in natural log (-inf for a row with no
+// keys, whose O is 0).
+template <class Out, int kOutTiles, class OutAt>
+__device__ __forceinline__ void store_rows(const PrefillParams& p, const Request& r, int head,
+                                           int row, int lane, const RowState& rows, OutAt&& out) {
+  auto* out_ptr = static_cast<typename Out::Storage*>(p.out);
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const float sum = quad_sum(rows.sum[h]);
+    if (row + 8 * h >= r.sq) continue;
+    const int64_t token = r.q_begin + row + 8 * h;
+    const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
+    typename Out::Storage* dst = out_ptr + token * p.out_stride[0] + head * p.out_stride[1];
+#pragma unroll
+    for (int j = 0; j < kOutTiles; ++j) {
+      const int col = j * 8 + (lane % 4) * 2;
+      dst[col * p.out_stride[2]] = Out::store(out(j, 2 * h) * inv);
+      dst[(col + 1) * p.out_stride[2]] = Out::store(out(j, 2 * h + 1) * inv);
+    }
+    if (p.lse != nullptr && lane % 4 == 0) {
+      p.lse[head * p.lse_stride[0] + token * p.lse_stride[1]] =
+          sum > 0.0f ? (rows.max[h] + log2f(sum)) * kLn2 : -INFINITY;
+    }
+  }
+}
+
+}  // namespace mlakit::cuda::prefill

@@ -1,0 +1,79 @@
+// Compile-time shape of the wgmma prefill kernel (sm_90a): tiles, the CuTe MMAs and the
+// shared-memory layouts the warpgroup MMAs read through their descriptors.
+#pragma once
+
+#include <cutlass/numeric_types.h>
+
+#include <cute/atom/mma_atom.hpp>
+#include <cute/tensor.hpp>
+
+#include "cuda/common/elements.cuh"
+#include "cuda/prefill/traits.cuh"
+
+namespace mlakit::cuda::prefill::wgmma {
+
+using namespace cute;
+
+template <class In>
+struct CuteElement;
+template <>
+struct CuteElement<BF16> {
+  using type = cutlass::bfloat16_t;
+};
+template <>
+struct CuteElement<F16> {
+  using type = cutlass::half_t;
+};
+
+template <class In>
+struct Traits {
+  using Element = typename CuteElement<In>::type;
+  // Query rows of a block: one wgmma M of 64 rows per warpgroup, two warpgroups.
+  static constexpr int kWarpGroups = 2;
+  static constexpr int kBlockM = 64 * kWarpGroups;
+  static constexpr int kThreads = 128 * kWarpGroups;  // 128 threads per warpgroup
+  // Keys per tile: S = 64 x 128 f32 is 64 registers per thread beside O's 64; a wider tile
+  // halves the per-tile barriers and softmax overhead but K/V stages outgrow shared memory.
+  static constexpr int kBlockN = 128;
+  // K/V tiles in flight: the next tile is copied (cp.async) while the current one is computed.
+  static constexpr int kStages = 2;
+
+  using AtomLayout = Layout<Shape<Int<kWarpGroups>, _1, _1>>;  // warpgroups stacked along M
+  // S = Q K^T: A = Q, B = K, both K-major (head dims contiguous) in shared memory.
+  using MmaQK = decltype(make_tiled_mma(
+      GMMA::ss_op_selector<Element, Element, float,
+                           Shape<Int<kBlockM>, Int<kBlockN>, Int<kHeadDimQK>>>(),
+      AtomLayout{}));
+  // O += P V: A = P from registers (S's accumulator layout is the A fragment layout), B = V seen
+  // as (dims, keys): dims contiguous, i.e. MN-major.
+  using MmaPV = decltype(make_tiled_mma(
+      GMMA::rs_op_selector<Element, Element, float,
+                           Shape<Int<kBlockM>, Int<kHeadDimV>, Int<kBlockN>>, GMMA::Major::K,
+                           GMMA::Major::MN>(),
+      AtomLayout{}));
+
+  // 8 rows x 64 elements (128 bytes) with the 128-byte swizzle: conflict-free for the wgmma
+  // operand reads and for 16-byte cp.async writes.
+  using SmemAtom = GMMA::Layout_K_SW128_Atom<Element>;
+  using SmemLayoutQ = decltype(tile_to_shape(SmemAtom{}, Shape<Int<kBlockM>, Int<kHeadDimQK>>{}));
+  using SmemLayoutK =
+      decltype(tile_to_shape(SmemAtom{}, Shape<Int<kBlockN>, Int<kHeadDimQK>, Int<kStages>>{}));
+  using SmemLayoutV =
+      decltype(tile_to_shape(SmemAtom{}, Shape<Int<kBlockN>, Int<kHeadDimV>, Int<kStages>>{}));
+  // The same bytes as (dims, keys, stage): the B operand of O += P V.
+  using SmemLayoutVt = decltype(composition(
+      SmemLayoutV{}, make_ordered_layout(Shape<Int<kHeadDimV>, Int<kBlockN>, Int<kStages>>{},
+                                         Step<_2, _1, _3>{})));
+
+  // 1024-byte alignment: a 128-byte-swizzle atom (8 rows x 128 bytes) must start on one.
+  struct SharedStorage {
+    array_aligned<Element, cosize_v<SmemLayoutQ>, 1024> q;
+    array_aligned<Element, cosize_v<SmemLayoutK>, 1024> k;
+    array_aligned<Element, cosize_v<SmemLayoutV>, 1024> v;
+  };
+  // Dynamic shared memory is only 16-byte aligned: room to round the base up to 1024.
+  static constexpr int kSmemBytes = sizeof(SharedStorage) + 1024;
+  static_assert(kSmemBytes <= 227 * 1024, "one block must fit sm_90's 227 KiB opt-in limit");
+};
+
+}  // namespace mlakit::cuda::prefill::wgmma
