@@ -5,6 +5,8 @@
 # (.devbin/bin/bench_gpu_*), and writes the whole log to $OUT/check.log. Short output per step;
 # the whole run stays under 9 minutes. Exit status 0 only when every test passed and none was
 # skipped (MLAKIT_ALLOW_SKIPS=1 allows skips, for a dry run on a machine without a GPU).
+# ONLY="cuda_prefill_test bench_gpu_prefill python" runs just the named programs (a quick
+# iteration on one kernel); unset, everything runs.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-/tmp/mlakit-device-check}
@@ -12,6 +14,7 @@ mkdir -p "$OUT"
 LOG="$OUT/check.log"
 : > "$LOG"
 say() { echo "$@" | tee -a "$LOG"; }
+selected() { [ -z "${ONLY:-}" ] || [[ " $ONLY " == *" $1 "* ]]; }
 DEADLINE=$((SECONDS + 530))  # 8 min 50 s in all
 TEST_TIMEOUT=240             # one test program
 BENCH_TIMEOUT=120            # one bench program
@@ -65,6 +68,7 @@ say "== GPU tests"
 failed=()
 for binary in .devbin/bin/*_test; do
   name=$(basename "$binary")
+  selected "$name" || continue
   if [ "$SECONDS" -ge "$DEADLINE" ]; then
     say "SKIP  $name (time budget spent)"
     failed+=("$name")
@@ -91,7 +95,7 @@ for binary in .devbin/bin/*_test; do
   fi
 done
 
-if [ -f .devbin/libmlakit_c.so ]; then
+if [ -f .devbin/libmlakit_c.so ] && selected python; then
   say "== Python package (torch CPU and CUDA tensors) over the CUDA build"
   start=$SECONDS
   MLAKIT_LIBRARY=$PWD/.devbin/libmlakit_c.so PYTHONPATH=$PWD/python \
@@ -108,6 +112,7 @@ if [ -e "${benches[0]}" ]; then
   say "== GPU benches"
   for binary in "${benches[@]}"; do
     name=$(basename "$binary")
+    selected "$name" || continue
     if [ "$SECONDS" -ge "$DEADLINE" ]; then
       say "SKIP  $name (time budget spent)"
       continue
