@@ -29,11 +29,12 @@ __device__ __forceinline__ void fence_shared_for_wgmma() {
   asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
 }
 
-// C (+)= A B over every k-block of the fragments, as one wgmma batch of the warpgroup; returns
-// when the results are in C's registers. kARegisters: A is a register fragment (else descriptors).
-template <bool kZeroInit, bool kARegisters, class TiledMma, class FragA, class FragB, class FragC>
-__device__ __forceinline__ void warpgroup_gemm(TiledMma& mma, FragA& a, const FragB& b, FragC& c) {
-  if constexpr (kARegisters) warpgroup_fence_operand(a);
+// Issues C (+)= A B over every k-block of the fragments as one wgmma batch of the warpgroup and
+// returns at once; warpgroup_wait<n>() then waits until at most n batches are in flight, after
+// which C must be fenced (warpgroup_fence_operand) before the registers are read.
+template <bool kZeroInit, class TiledMma, class FragA, class FragB, class FragC>
+__device__ __forceinline__ void issue_gemm(TiledMma& mma, const FragA& a, const FragB& b,
+                                           FragC& c) {
   warpgroup_fence_operand(c);
   warpgroup_arrive();
   if constexpr (kZeroInit) mma.accumulate_ = GMMA::ScaleOut::Zero;
@@ -43,9 +44,6 @@ __device__ __forceinline__ void warpgroup_gemm(TiledMma& mma, FragA& a, const Fr
     mma.accumulate_ = GMMA::ScaleOut::One;
   }
   warpgroup_commit_batch();
-  warpgroup_wait<0>();
-  warpgroup_fence_operand(c);
-  if constexpr (kARegisters) warpgroup_fence_operand(a);
 }
 
 // 16-byte chunk `chunk` (8 elements) of `rows` rows of width kWidth into a swizzled tile; rows
@@ -97,8 +95,8 @@ __global__ void __launch_bounds__(Traits<In>::kThreads, 1)
   const auto* k_nope = static_cast<const Element*>(p.k_nope);
   const auto* k_pe = static_cast<const Element*>(p.k_pe);
   const auto* v = static_cast<const Element*>(p.v);
-  // Tile t's K and V rows into `stage` (keys past the request are zero: 0 * NaN would be NaN).
-  auto load_kv = [&](int t, int stage) {
+  // Tile t's K rows / V rows into `stage` (keys past the request are zero: 0 * NaN is NaN).
+  auto load_k = [&](int t, int stage) {
     const int64_t key0 = r.k_begin + int64_t{t} * kBlockN;
     const int valid = min(kBlockN, r.sk - t * kBlockN);
     auto k_tile = sK(_, _, stage);
@@ -111,6 +109,10 @@ __global__ void __launch_bounds__(Traits<In>::kThreads, 1)
     copy_rows<kThreads, kBlockN, kRope>(
         [&](int row, int col) -> Element& { return k_tile(row, kNope + col); }, valid,
         [&](int row) { return k_pe + (key0 + row) * p.k_pe_stride[0]; }, p.k_pe);
+  };
+  auto load_v = [&](int t, int stage) {
+    const int64_t key0 = r.k_begin + int64_t{t} * kBlockN;
+    const int valid = min(kBlockN, r.sk - t * kBlockN);
     copy_rows<kThreads, kBlockN, kHeadDimV>(
         sV(_, _, stage), valid,
         [&](int row) { return v + (key0 + row) * p.v_stride[0] + head * p.v_stride[1]; }, p.v);
@@ -122,7 +124,7 @@ __global__ void __launch_bounds__(Traits<In>::kThreads, 1)
           return q + (r.q_begin + row0 + row) * p.q_stride[0] + head * p.q_stride[1];
         },
         p.q);
-    load_kv(0, 0);
+    load_k(0, 0);
   }
   cp_async_commit();
 
@@ -148,15 +150,27 @@ __global__ void __launch_bounds__(Traits<In>::kThreads, 1)
   // The thread's first row in the request: warpgroup slab, warp's 16 rows, lane's row.
   const int thread_row = row0 + (threadIdx.x / 128) * 64 + (threadIdx.x % 128) / 32 * 16 + lane / 4;
   RowState rows;
+  // Tile t: S_t = Q K_t^T is issued together with O += P_{t-1} V_{t-1}, and the softmax of S_t
+  // runs while the tensor cores finish P_{t-1} V_{t-1}. The copy issued in iteration t brings
+  // K_{t+1} and V_t (V is consumed one tile after K), so iteration t needs K_t and V_{t-1}.
   for (int t = 0; t < key_tiles; ++t) {
-    const int stage = t % T::kStages;
-    if (t + 1 < key_tiles) load_kv(t + 1, (t + 1) % T::kStages);
-    cp_async_commit();
-    cp_async_wait<1>();  // every group but the one just issued has landed
+    cp_async_wait<0>();
     fence_shared_for_wgmma();
+    // Copies landed for every thread; every warpgroup is done with K_{t-1} and V_{t-2}, whose
+    // stages the copy below overwrites.
     __syncthreads();
+    if (t + 1 < key_tiles) load_k(t + 1, (t + 1) % T::kStages);
+    load_v(t, t % T::kStages);
+    cp_async_commit();
 
-    warpgroup_gemm<true, false>(mma_qk, tSrQ, tSrK(_, _, _, stage), tSrS);
+    issue_gemm<true>(mma_qk, tSrQ, tSrK(_, _, _, t % T::kStages), tSrS);
+    if (t > 0) {
+      issue_gemm<false>(mma_pv, tOrP, tOrV(_, _, _, (t - 1) % T::kStages), tOrO);
+      warpgroup_wait<1>();  // S_t is ready; P_{t-1} V_{t-1} may still run
+    } else {
+      warpgroup_wait<0>();
+    }
+    warpgroup_fence_operand(tSrS);
     const int key0 = t * kBlockN;
     // Masked when some key of the tile is past the first row's limit (causal) or past sk.
     const bool masked = key0 + kBlockN > keys.first_row_keys;
@@ -165,13 +179,24 @@ __global__ void __launch_bounds__(Traits<In>::kThreads, 1)
     for (int h = 0; h < 2; ++h) {
       key_limit[h] = row_key_limit(r, keys, p.causal, thread_row + 8 * h, key0);
     }
-    softmax_tile<kScoreTiles, kOutTiles>(score, p.scale_log2, masked, key_limit, lane, rows, out);
+    float rescale[2];
+    softmax_tile<kScoreTiles>(score, p.scale_log2, masked, key_limit, lane, rows, rescale);
+    warpgroup_wait<0>();  // P_{t-1} V_{t-1} is in O; P's registers are free
+    warpgroup_fence_operand(tOrO);
+    warpgroup_fence_operand(tOrP);
+    rescale_rows<kOutTiles>(out, rescale);
 #pragma unroll
     for (int i = 0; i < size(tOrP); ++i) tOrP(i) = static_cast<Element>(tSrS(i));
-    warpgroup_gemm<false, true>(mma_pv, tOrP, tOrV(_, _, _, stage), tOrO);
-    __syncthreads();  // the next iteration's copy overwrites this stage
+    warpgroup_fence_operand(tOrP);
   }
-  cp_async_wait<0>();
+  if (key_tiles > 0) {  // the last tile's P V
+    cp_async_wait<0>();
+    fence_shared_for_wgmma();
+    __syncthreads();
+    issue_gemm<false>(mma_pv, tOrP, tOrV(_, _, _, (key_tiles - 1) % T::kStages), tOrO);
+    warpgroup_wait<0>();
+    warpgroup_fence_operand(tOrO);
+  }
   store_rows<Out, kOutTiles>(p, r, head, thread_row, lane, rows, out);
 }
 
