@@ -213,7 +213,8 @@ __device__ __forceinline__ void continue_copies(const DecodeKernelParams& p, con
   if (ahead + 1 < w.num_tiles) lookup_pages<Cfg>(p, w, ahead + 1, next_pages);
 }
 
-// ---- output rows ----------------------------------------------------------------------------------
+// ---- output rows
+// ----------------------------------------------------------------------------------
 
 __device__ __forceinline__ void store_pair(void* base, int64_t offset, RuntimeDType dtype, float x,
                                            float y) {
@@ -231,7 +232,6 @@ __device__ __forceinline__ void store_pair(void* base, int64_t offset, RuntimeDT
   }
 }
 
-
 // Where the values of one finished row go and the factor that normalizes them; base == nullptr:
 // the row's values are not written (a -inf partial, which the combine skips without reading).
 struct RowSink {
@@ -244,8 +244,7 @@ struct RowSink {
 // Finishes row `row` (< p.rows) of the CTA from its row sum `l` and max `m` (log2 units): writes
 // its LSE when `write_lse` (one thread per row), returns where its values go.
 __device__ __forceinline__ RowSink finish_row(const DecodeKernelParams& p, const WorkItem& w,
-                                              int row, float l, float m, bool bad,
-                                              bool write_lse) {
+                                              int row, float l, float m, bool bad, bool write_lse) {
   float inv, lse;
   if (bad) {
     inv = lse = NAN;

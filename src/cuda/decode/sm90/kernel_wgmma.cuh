@@ -15,13 +15,12 @@
 // (3) P complete. Every wgmma batch is waited for before the next barrier.
 #pragma once
 
+#include <cmath>
+#include <cstdint>
 #include <cute/arch/mma_sm90.hpp>
 #include <cute/atom/mma_atom.hpp>
 #include <cute/atom/mma_traits_sm90_gmma.hpp>
 #include <cute/tensor.hpp>
-
-#include <cmath>
-#include <cstdint>
 
 #include "cuda/decode/sm90/kernel_common.cuh"
 #include "cuda/decode/sm90/params.cuh"
@@ -49,17 +48,16 @@ struct WgmmaLayouts {
   using Rows = cute::Int<Cfg::kBlockM>;
   using Keys = cute::Int<kBlockN>;
   // q or K tile, (64 rows, 576 columns): the layout sw128_k_offset (traits_wgmma.cuh) spells out.
-  using Operand =
-      decltype(cute::tile_to_shape(cute::GMMA::Layout_K_SW128_Atom<T>{},
-                                   cute::Shape<cute::Int<kBlockN>, cute::Int<kDimQK>>{}));
+  using Operand = decltype(cute::tile_to_shape(
+      cute::GMMA::Layout_K_SW128_Atom<T>{}, cute::Shape<cute::Int<kBlockN>, cute::Int<kDimQK>>{}));
   // P, (64 rows, 64 keys): one column block of the same layout.
   using P = decltype(cute::tile_to_shape(cute::GMMA::Layout_K_SW128_Atom<T>{},
                                          cute::Shape<Rows, Keys>{}));
   // V^T, (512 dims, 64 keys): element (d, k) is K tile element (k, d) (the domain index of
   // (k, d) in Operand is k + 64 d), i.e. the K tile's first 512 columns read MN-major.
-  using Vt = decltype(cute::composition(
-      Operand{},
-      cute::make_layout(cute::Shape<cute::Int<kDimV>, Keys>{}, cute::Stride<Keys, cute::_1>{})));
+  using Vt =
+      decltype(cute::composition(Operand{}, cute::make_layout(cute::Shape<cute::Int<kDimV>, Keys>{},
+                                                              cute::Stride<Keys, cute::_1>{})));
   // Both MMAs tile N over the two warpgroups: threads [128 g, 128 g + 128) own N block g.
   using Warpgroups = cute::Layout<cute::Shape<cute::_1, cute::Int<Cfg::kWarpgroups>, cute::_1>>;
   using MmaS = decltype(cute::make_tiled_mma(
@@ -110,7 +108,9 @@ __global__ void __launch_bounds__(kThreads, 1)
   using namespace cute;
   using L = WgmmaLayouts<Cfg>;
   using T = typename L::T;
-  extern __shared__ __align__(1024) uint8_t smem[];
+  extern __shared__ __align__(1024) uint8_t smem_raw[];
+  uint8_t* const smem =
+      smem_raw + (-static_cast<int>(smem_addr(smem_raw)) & (Cfg::kBaseAlignment - 1));
   const int tid = static_cast<int>(threadIdx.x);
   const int warpgroup = tid / 128;
   const bool quad_leader = (tid & 3) == 0;  // the 4 lanes of a quad hold the same two rows
@@ -167,7 +167,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 
   for (int t = 0; t < w.num_tiles; ++t) {
     cp_async_wait<Cfg::kTilesAhead - 1>();  // this thread's copies of tile t have landed
-    fence_proxy_async_shared();  // its copies and q stores become visible to wgmma
+    fence_proxy_async_shared();             // its copies and q stores become visible to wgmma
     __syncthreads();  // (1) everyone's have; tile t - 1 and P are no longer read by anyone
     continue_copies<Cfg>(p, w, t, stage, next_pages, bad);  // into stage (t + 1) % 2, now free
 

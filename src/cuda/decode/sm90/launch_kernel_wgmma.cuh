@@ -11,8 +11,7 @@
 namespace mlakit::cuda::decode_sm90 {
 
 template <class Cfg>
-void launch_decode_wgmma_kernel(const DecodeKernelParams& params, dim3 grid,
-                                cudaStream_t stream) {
+void launch_decode_wgmma_kernel(const DecodeKernelParams& params, dim3 grid, cudaStream_t stream) {
   launch_with_smem<Cfg>(&mla_decode_sm90_wgmma_kernel<Cfg>, params, grid, stream);
 }
 

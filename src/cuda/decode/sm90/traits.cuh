@@ -61,7 +61,6 @@ struct TileCopy {
   static constexpr int kKeysPerPass = kThreads / kThreadsPerKey;
   static constexpr int kLoadPasses = kBlockN / kKeysPerPass;  // keys (page lookups) per thread
   static constexpr int kChunkSteps = (kRawChunks + kThreadsPerKey - 1) / kThreadsPerKey;
-
 };
 
 template <int kBlockM_, CacheFormat kFormat_, class Element_>
@@ -70,7 +69,7 @@ struct Config : TileCopy<kFormat_> {
   using Copy::kConvert;
   using Copy::kFormat;
   using Copy::kRawTileBytes;
-  using Element = Element_;  // Bf16Mma or F16Mma
+  using Element = Element_;                 // Bf16Mma or F16Mma
   static constexpr int kBlockM = kBlockM_;  // query rows per CTA
   // With 16 rows every warp needs all of q for its scores; holding q's 36 A fragments in registers
   // (144 per thread) saves re-reading 18 KiB of shared memory per warp per tile. With 64 rows the

@@ -42,15 +42,18 @@ struct WgmmaConfig : TileCopy<CacheFormat::kNative> {
   static constexpr int kTilesAhead = kStages - 1;
 
   // ---- Shared memory plan (byte offsets; operand tiles 1024-byte aligned for the swizzle).
-  static constexpr int kQBytes = kBlockM * kRowBytes;                // 72 KiB, [64][576] SW128
-  static constexpr int kPBytes = kBlockM * kPRowBytes;               // 8 KiB, [64][64] SW128
-  static constexpr int kPartBytes = kWarpgroups * kBlockM * 4;       // f32 [warpgroups][64]
-  static constexpr int kStageOffset = 0;                             // [kStages][64][576] SW128
+  static constexpr int kQBytes = kBlockM * kRowBytes;           // 72 KiB, [64][576] SW128
+  static constexpr int kPBytes = kBlockM * kPRowBytes;          // 8 KiB, [64][64] SW128
+  static constexpr int kPartBytes = kWarpgroups * kBlockM * 4;  // f32 [warpgroups][64]
+  static constexpr int kStageOffset = 0;                        // [kStages][64][576] SW128
   static constexpr int kQOffset = kStageOffset + kStages * kTileBytes;
   static constexpr int kPOffset = kQOffset + kQBytes;
-  static constexpr int kRowMaxOffset = kPOffset + kPBytes;    // tile max per warpgroup and row
+  static constexpr int kRowMaxOffset = kPOffset + kPBytes;  // tile max per warpgroup and row
   static constexpr int kRowSumOffset = kRowMaxOffset + kPartBytes;  // row sum per warpgroup
-  static constexpr int kSmemBytes = kRowSumOffset + kPartBytes;
+  // The kernel rounds the dynamic shared-memory base up to the 1024-byte swizzle alignment (the
+  // hardware swizzles by absolute address bits), which may skip up to this much.
+  static constexpr int kBaseAlignment = 1024;
+  static constexpr int kSmemBytes = kRowSumOffset + kPartBytes + kBaseAlignment;
 
   // Byte offset of 16-byte chunk `chunk` of row `row` in the q tile or a K tile (both 64 rows).
   __host__ __device__ static constexpr uint32_t operand_offset(int row, int chunk) {
@@ -61,7 +64,8 @@ struct WgmmaConfig : TileCopy<CacheFormat::kNative> {
   static_assert(kBlockM == kDecodeRowsLarge, "tile_shape.hpp's 64-row CTA");
   static_assert(kRowBytes % kSwizzleBytes == 0 && kBlockN * 2 == kSwizzleBytes,
                 "576 columns are whole swizzle blocks; a P row (64 keys) is exactly one");
-  static_assert(kTileBytes % 1024 == 0 && kQOffset % 1024 == 0 && kPOffset % 1024 == 0,
+  static_assert(kTileBytes % kBaseAlignment == 0 && kQOffset % kBaseAlignment == 0 &&
+                    kPOffset % kBaseAlignment == 0,
                 "SW128 operand tiles start on 1024-byte boundaries");
   static_assert(kSmemBytes <= kSmemLimit, "shared-memory plan exceeds 227 KiB");
 };

@@ -6,6 +6,6 @@ namespace mlakit::cuda::decode_sm90 {
 template void launch_decode_kernel<Config<16, CacheFormat::kNative, Bf16Mma>>(
     const DecodeKernelParams&, dim3, cudaStream_t);
 template void launch_decode_wgmma_kernel<WgmmaConfig<Bf16Mma>>(const DecodeKernelParams&, dim3,
-                                                             cudaStream_t);
+                                                               cudaStream_t);
 
 }  // namespace mlakit::cuda::decode_sm90
