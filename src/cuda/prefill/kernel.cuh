@@ -15,6 +15,7 @@
 #include "cuda/common/device_errors.cuh"
 #include "cuda/common/elements.cuh"
 #include "cuda/common/pack.cuh"
+#include "cuda/common/quad.cuh"
 #include "cuda/prefill/params.cuh"
 #include "cuda/prefill/traits.cuh"
 
@@ -203,16 +204,6 @@ __device__ __forceinline__ void accumulate_pv(const SharedStorage& s, int stage,
       Mma<In>::run(acc[2 * jp + 1], a, b[2], b[3]);
     }
   }
-}
-
-// Max over the 4 lanes of a quad (they hold one row's columns).
-__device__ __forceinline__ float quad_max(float x) {
-  x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
-  return fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2));
-}
-__device__ __forceinline__ float quad_sum(float x) {
-  x += __shfl_xor_sync(0xffffffffu, x, 1);
-  return x + __shfl_xor_sync(0xffffffffu, x, 2);
 }
 
 // Online softmax of one key tile for the thread's two rows (h = 0: row lane / 4, h = 1: +8).

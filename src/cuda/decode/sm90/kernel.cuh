@@ -249,8 +249,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      tile_max[h] = fmaxf(tile_max[h], __shfl_xor_sync(0xffffffffu, tile_max[h], 1));
-      tile_max[h] = fmaxf(tile_max[h], __shfl_xor_sync(0xffffffffu, tile_max[h], 2));
+      tile_max[h] = quad_max(tile_max[h]);
       if (tq == 0) row_max_part[key_group * Cfg::kBlockM + score_row[h]] = tile_max[h];
     }
     __syncthreads();  // the key groups' maxima are visible
@@ -260,16 +259,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     float m_use[2];
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      float m_tile = -INFINITY;
-#pragma unroll
-      for (int k = 0; k < Cfg::kKeyGroups; ++k) {
-        m_tile = fmaxf(m_tile, row_max_part[k * Cfg::kBlockM + score_row[h]]);
-      }
-      const float m_new = fmaxf(m_run[h], m_tile);
-      m_use[h] = m_new == -INFINITY ? 0.0f : m_new;  // a row with no key yet: p = 2^-inf = 0
-      const float alpha = fast_exp2(m_run[h] - m_use[h]);
-      m_run[h] = m_new;
-      l_run[h] *= alpha;
+      const float alpha = fold_tile_max<Cfg::kKeyGroups, Cfg::kBlockM>(
+          row_max_part, score_row[h], m_run[h], l_run[h], m_use[h]);
       if (key_group == 0 && tq == 0) alpha_s[score_row[h]] = alpha;
     }
 #pragma unroll
@@ -306,9 +297,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   // ---- epilogue: row sums across lanes and key groups, then normalized rows and LSEs.
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
-    float l = l_run[h];
-    l += __shfl_xor_sync(0xffffffffu, l, 1);
-    l += __shfl_xor_sync(0xffffffffu, l, 2);
+    const float l = quad_sum(l_run[h]);
     if (tq == 0) row_sum_part[key_group * Cfg::kBlockM + score_row[h]] = l;
     if (tq == 0 && key_group == 0) max_final[score_row[h]] = m_run[h];
   }

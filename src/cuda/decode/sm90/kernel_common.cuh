@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <cstring>
 
+#include "cuda/common/quad.cuh"
 #include "cuda/decode/sm90/params.cuh"
 #include "cuda/decode/sm90/ptx.cuh"
 #include "cuda/decode/sm90/traits.cuh"
@@ -211,6 +212,27 @@ __device__ __forceinline__ void continue_copies(const DecodeKernelParams& p, con
   if (ahead < w.num_tiles) copy_tile<Cfg>(p, w, ahead, next_pages, stage(ahead), bad);
   cp_async_commit();
   if (ahead + 1 < w.num_tiles) lookup_pages<Cfg>(p, w, ahead + 1, next_pages);
+}
+
+// ---- online softmax
+// ------------------------------------------------------------------------------
+
+// Folds one tile into the running state of row `row`: the tile max is the max of the kParts
+// partial maxima parts[k * kRows + row] (log2 units, -inf for no visible key). Updates m_run and
+// rescales l_run; returns alpha = 2^(m_old - m_new), the factor for O, and sets m_use to the
+// reference the tile's probabilities subtract (0 while the row has seen no key: 2^-inf = 0).
+template <int kParts, int kRows>
+__device__ __forceinline__ float fold_tile_max(const float* parts, int row, float& m_run,
+                                               float& l_run, float& m_use) {
+  float m_tile = -INFINITY;
+#pragma unroll
+  for (int k = 0; k < kParts; ++k) m_tile = fmaxf(m_tile, parts[k * kRows + row]);
+  const float m_new = fmaxf(m_run, m_tile);
+  m_use = m_new == -INFINITY ? 0.0f : m_new;
+  const float alpha = fast_exp2(m_run - m_use);
+  m_run = m_new;
+  l_run *= alpha;
+  return alpha;
 }
 
 // ---- output rows

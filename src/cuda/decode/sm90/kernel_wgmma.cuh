@@ -133,7 +133,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   const Tensor q_desc =  // (MMA, 1, 36 k blocks)
       thr_s.partition_fragment_A(make_tensor(smem_t(smem + Cfg::kQOffset), typename L::Operand{}));
   const Tensor p_desc = thr_o.partition_fragment_A(sP);  // (MMA, 1, 4 k blocks)
-  Tensor acc_s = partition_fragment_C(mma_s, Shape<typename L::Rows, typename L::Keys>{});  // 16
+  Tensor acc_s =
+      partition_fragment_C(mma_s, Shape<typename L::Rows, typename L::Keys>{});       // 16 f32
   Tensor acc_o = partition_fragment_C(mma_o, Shape<typename L::Rows, Int<kDimV>>{});  // 128 f32
   clear(acc_o);
   // Registers as (2 rows, columns), with the (row, column) each holds.
@@ -188,8 +189,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         s(h, j) = v;
         tile_max[h] = fmaxf(tile_max[h], v);
       }
-      tile_max[h] = fmaxf(tile_max[h], __shfl_xor_sync(0xffffffffu, tile_max[h], 1));
-      tile_max[h] = fmaxf(tile_max[h], __shfl_xor_sync(0xffffffffu, tile_max[h], 2));
+      tile_max[h] = quad_max(tile_max[h]);
       if (quad_leader) row_max_part[warpgroup * Cfg::kBlockM + local_row[h]] = tile_max[h];
     }
     __syncthreads();  // (2) both warpgroups' maxima are visible
@@ -197,16 +197,9 @@ __global__ void __launch_bounds__(kThreads, 1)
     // online softmax: new max, rescale of O, probabilities into P
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      float m_tile = -INFINITY;
-#pragma unroll
-      for (int g = 0; g < Cfg::kWarpgroups; ++g) {
-        m_tile = fmaxf(m_tile, row_max_part[g * Cfg::kBlockM + local_row[h]]);
-      }
-      const float m_new = fmaxf(m_run[h], m_tile);
-      const float m_use = m_new == -INFINITY ? 0.0f : m_new;  // no key yet: p = 2^-inf = 0
-      const float alpha = fast_exp2(m_run[h] - m_use);
-      m_run[h] = m_new;
-      l_run[h] *= alpha;
+      float m_use;
+      const float alpha = fold_tile_max<Cfg::kWarpgroups, Cfg::kBlockM>(row_max_part, local_row[h],
+                                                                        m_run[h], l_run[h], m_use);
       CUTE_UNROLL
       for (int j = 0; j < size<1>(o); ++j) o(h, j) *= alpha;
       CUTE_UNROLL
@@ -230,9 +223,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   // ---- epilogue: row sums across the quad and the two warpgroups, then rows and LSEs.
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
-    float l = l_run[h];
-    l += __shfl_xor_sync(0xffffffffu, l, 1);
-    l += __shfl_xor_sync(0xffffffffu, l, 2);
+    const float l = quad_sum(l_run[h]);
     if (quad_leader) row_sum_part[warpgroup * Cfg::kBlockM + local_row[h]] = l;
   }
   bad = __syncthreads_or(bad) != 0;
