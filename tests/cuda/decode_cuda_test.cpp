@@ -254,6 +254,26 @@ TEST(MlaDecodeCuda, ManyHeads) {
   }
 }
 
+// 64-row CTAs over 16-bit caches (the wgmma kernel): both element types, row counts that leave
+// the last row tile partly empty (40, 120 rows), several row tiles with s_q > 1 (causal), one tile
+// spanning four pages, lengths around tile ends.
+TEST(MlaDecodeCuda, SixtyFourRowTilesOverSixteenBitCaches) {
+  MLAKIT_SKIP_WITHOUT_GPU();
+  uint64_t stream = 250;
+  for (DType dt : {DType::kBF16, DType::kF16}) {
+    for (auto [heads, s_q] : {std::pair<int64_t, int64_t>{40, 1}, {40, 3}, {128, 2}}) {
+      Case c;
+      c.seq_lens = {1000, 130, 0, 64, 1, 127};
+      c.heads = heads;
+      c.s_q = s_q;
+      c.block_size = heads == 128 ? 16 : 64;
+      c.cache_dtype = c.q_dtype = dt;
+      c.out_dtype = dt;
+      check_case(c, stream++);
+    }
+  }
+}
+
 // Rows per request below and around the 16-row CTA: padding rows and s_q > 1 in one row tile.
 TEST(MlaDecodeCuda, SmallHeadCounts) {
   MLAKIT_SKIP_WITHOUT_GPU();
@@ -344,14 +364,13 @@ TEST(MlaDecodeCuda, EmptyRequestsNeverTouchTheTable) {
   }
 }
 
-// Index contents live on the device: a block id outside the cache or a seq_len beyond the table
-// turns that request's rows into NaN and leaves the other requests exact.
-TEST(MlaDecodeCuda, BadDeviceIndicesGiveNanRows) {
-  MLAKIT_SKIP_WITHOUT_GPU();
+// One case of BadDeviceIndicesGiveNanRows with 16 heads and s_q queries per request.
+void check_bad_indices(int64_t s_q, uint64_t stream) {
   Case c;
   c.seq_lens = {100, 200, 50};
   c.block_size = 16;
-  auto rng = test::make_rng(700);
+  c.s_q = s_q;
+  auto rng = test::make_rng(stream);
   HostInputs in = make_inputs(c, rng);
   const References ref = references(c, in);
   const int64_t width = in.block_table.size(1);
@@ -370,6 +389,16 @@ TEST(MlaDecodeCuda, BadDeviceIndicesGiveNanRows) {
     const std::vector<double> want_lse(ref.kernel.lse.begin(), ref.kernel.lse.begin() + row);
     EXPECT_TRUE(test::all_close(r.out.narrow(0, 0, 1), want_out, out_tolerance(c)));
     EXPECT_TRUE(test::all_close(r.lse.narrow(0, 0, 1), want_lse, kLseTolerance));
+  }
+}
+
+// Index contents live on the device: a block id outside the cache or a seq_len beyond the table
+// turns that request's rows into NaN and leaves the other requests exact.
+TEST(MlaDecodeCuda, BadDeviceIndicesGiveNanRows) {
+  MLAKIT_SKIP_WITHOUT_GPU();
+  for (int64_t s_q : {1, 4}) {  // 16 rows (mma.sync kernel) and 64 rows (wgmma kernel)
+    SCOPED_TRACE(testing::Message() << "s_q " << s_q);
+    check_bad_indices(s_q, 700 + static_cast<uint64_t>(s_q));
   }
 }
 

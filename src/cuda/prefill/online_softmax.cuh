@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstdint>
 
+#include "cuda/common/quad.cuh"
 #include "cuda/prefill/params.cuh"
 #include "cuda/prefill/request.cuh"
 #include "cuda/prefill/traits.cuh"
@@ -15,16 +16,6 @@
 namespace mlakit::cuda::prefill {
 
 constexpr float kLn2 = 0.69314718055994530942f;  // log2 LSE -> natural log
-
-// Max over the 4 lanes of a quad (they hold one row's columns).
-__device__ __forceinline__ float quad_max(float x) {
-  x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
-  return fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2));
-}
-__device__ __forceinline__ float quad_sum(float x) {
-  x += __shfl_xor_sync(0xffffffffu, x, 1);
-  return x + __shfl_xor_sync(0xffffffffu, x, 2);
-}
 
 // Running max (log2 units) and per-lane partial sum of the thread's two rows.
 struct RowState {

@@ -15,6 +15,7 @@
 #include "cuda/decode/sm90/params.cuh"
 #include "cuda/decode/sm90/ptx.cuh"
 #include "cuda/decode/sm90/traits.cuh"
+#include "cuda/decode/sm90/traits_wgmma.cuh"
 #include "cuda/decode/tile_shape.hpp"
 #include "mlakit/kv_cache.hpp"
 
@@ -168,6 +169,9 @@ void launch_for_rows(const LaunchPlan& plan, cudaStream_t stream) {
   const dim3 grid(static_cast<unsigned>(plan.decode_ctas));
   if (plan.rows_per_cta == kDecodeRowsSmall) {
     launch_decode_kernel<Config<kDecodeRowsSmall, kFormat, Element>>(plan.decode, grid, stream);
+  } else if constexpr (kFormat == CacheFormat::kNative) {
+    // 64 rows over a 16-bit cache: compute-bound, the wgmma kernel (kernel_wgmma.cuh).
+    launch_decode_wgmma_kernel<WgmmaConfig<Element>>(plan.decode, grid, stream);
   } else {
     launch_decode_kernel<Config<kDecodeRowsLarge, kFormat, Element>>(plan.decode, grid, stream);
   }

@@ -1,6 +1,6 @@
-// Launch of one decode configuration: raises its dynamic shared-memory limit and launches it on the
-// grid the launcher computed. Compiled once per configuration in instantiations/*.cu; the launcher
-// checks for errors.
+// Launch of one mma.sync decode configuration (kernel.cuh): raises its dynamic shared-memory limit
+// and launches it on the grid the launcher computed. Compiled once per configuration in
+// instantiations/*.cu; the launcher checks for errors.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -10,11 +10,16 @@
 
 namespace mlakit::cuda::decode_sm90 {
 
-template <class Cfg>
-void launch_decode_kernel(const DecodeKernelParams& params, dim3 grid, cudaStream_t stream) {
-  const auto kernel = &mla_decode_sm90_kernel<Cfg>;
+template <class Cfg, class Kernel>
+void launch_with_smem(Kernel kernel, const DecodeKernelParams& params, dim3 grid,
+                      cudaStream_t stream) {
   cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemBytes);
   kernel<<<grid, kThreads, Cfg::kSmemBytes, stream>>>(params);
+}
+
+template <class Cfg>
+void launch_decode_kernel(const DecodeKernelParams& params, dim3 grid, cudaStream_t stream) {
+  launch_with_smem<Cfg>(&mla_decode_sm90_kernel<Cfg>, params, grid, stream);
 }
 
 }  // namespace mlakit::cuda::decode_sm90

@@ -47,12 +47,30 @@ inline constexpr int kRawEntryBytes<CacheFormat::kFp8E4m3> = kDimQK;  // 576 x e
 template <>  // 512 e4m3 + 4 f32 tile scales + 64 x 16-bit rope (kv_cache.hpp)
 inline constexpr int kRawEntryBytes<CacheFormat::kFp8DsMla> = 656;
 
-template <int kBlockM_, CacheFormat kFormat_, class Element_>
-struct Config {
-  using Element = Element_;  // Bf16Mma or F16Mma
+// Copy of one key tile by all kThreads threads: kThreadsPerKey threads copy one entry, 16 bytes
+// each per step, so a warp reads 4 (bf16) or 8 (fp8) entries with 128- or 64-byte contiguous runs.
+// Shared by the mma.sync (Config) and wgmma (WgmmaConfig, traits_wgmma.cuh) kernels.
+template <CacheFormat kFormat_>
+struct TileCopy {
   static constexpr CacheFormat kFormat = kFormat_;
-  static constexpr int kBlockM = kBlockM_;  // query rows per CTA
   static constexpr bool kConvert = kFormat != CacheFormat::kNative;
+  static constexpr int kRawEntry = kRawEntryBytes<kFormat>;
+  static constexpr int kRawTileBytes = kBlockN * kRawEntry;
+  static constexpr int kRawChunks = kRawEntry / 16;  // 72, 36, 41
+  static constexpr int kThreadsPerKey = kRawChunks >= 64 ? 8 : 4;
+  static constexpr int kKeysPerPass = kThreads / kThreadsPerKey;
+  static constexpr int kLoadPasses = kBlockN / kKeysPerPass;  // keys (page lookups) per thread
+  static constexpr int kChunkSteps = (kRawChunks + kThreadsPerKey - 1) / kThreadsPerKey;
+};
+
+template <int kBlockM_, CacheFormat kFormat_, class Element_>
+struct Config : TileCopy<kFormat_> {
+  using Copy = TileCopy<kFormat_>;
+  using Copy::kConvert;
+  using Copy::kFormat;
+  using Copy::kRawTileBytes;
+  using Element = Element_;                 // Bf16Mma or F16Mma
+  static constexpr int kBlockM = kBlockM_;  // query rows per CTA
   // With 16 rows every warp needs all of q for its scores; holding q's 36 A fragments in registers
   // (144 per thread) saves re-reading 18 KiB of shared memory per warp per tile. With 64 rows the
   // O accumulator takes 128 registers per thread and q stays in shared memory.
@@ -70,16 +88,6 @@ struct Config {
   static constexpr int kColsPerWarp = kDimV / kWarps;  // 64
   static constexpr int kColTiles = kColsPerWarp / 8;   // 8 n8 tiles
   static constexpr int kRowTiles = kBlockM / 16;       // m16 tiles
-
-  // ---- Copy of one key tile: kThreadsPerKey threads copy one entry, 16 bytes each per step, so a
-  // warp reads 4 (bf16) or 8 (fp8) entries with 128- or 64-byte contiguous runs.
-  static constexpr int kRawEntry = kRawEntryBytes<kFormat>;
-  static constexpr int kRawTileBytes = kBlockN * kRawEntry;
-  static constexpr int kRawChunks = kRawEntry / 16;  // 72, 36, 41
-  static constexpr int kThreadsPerKey = kRawChunks >= 64 ? 8 : 4;
-  static constexpr int kKeysPerPass = kThreads / kThreadsPerKey;
-  static constexpr int kLoadPasses = kBlockN / kKeysPerPass;  // keys (page lookups) per thread
-  static constexpr int kChunkSteps = (kRawChunks + kThreadsPerKey - 1) / kThreadsPerKey;
 
   // ---- Shared memory plan (byte offsets; every region 128-byte aligned).
   static constexpr int kConvBytes = kConvert ? kTileBytes : 0;  // converted 16-bit tile
@@ -113,13 +121,16 @@ struct Config {
   static_assert(kKeyGroups * kRowGroups == kWarps && kKeysPerWarp % 8 == 0, "S warp layout");
   static_assert(kScoreTiles == 1 || kScoreTiles % 2 == 0, "K fragments load n8 tiles in pairs");
   static_assert(kQInRegisters == (kScoreTiles == 1), "q-in-registers path loads one n8 tile");
-  static_assert(kKeysPerPass * kLoadPasses == kBlockN, "copy mapping covers the tile");
-  static_assert(kRawEntry % 16 == 0, "entries are copied in 16-byte chunks");
   static_assert(kTilesAhead >= 1, "at least one tile must be in flight during compute");
   static_assert(kConvert || kStages >= 2, "native tiles need a second stage to copy into");
   static_assert(kConvert || !kQInRegisters || kBlockM * kRowBytes <= kRawTileBytes,
                 "q is staged in the last ring stage before it moves to registers");
   static_assert(kSmemBytes <= kSmemLimit, "shared-memory plan exceeds 227 KiB");
+
+  // Byte offset of 16-byte chunk `chunk` of row `row` in a q or 16-bit K tile (ldmatrix operands).
+  __host__ __device__ static constexpr uint32_t operand_offset(int row, int chunk) {
+    return swizzled<kRowBytes>(row, chunk);
+  }
 };
 
 }  // namespace mlakit::cuda::decode_sm90

@@ -1,0 +1,305 @@
+// Pieces of the sm90 decode kernels that do not depend on the MMA instructions
+// (docs/kernels/decode_sm90.md): the work item of a CTA, causal visibility, the q tile, the paged
+// copy of a key tile, and the placement of a finished output row. Used by kernel.cuh (mma.sync) and
+// kernel_wgmma.cuh (wgmma); each configuration supplies its operand layout (operand_offset).
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+
+#include "cuda/common/quad.cuh"
+#include "cuda/decode/sm90/params.cuh"
+#include "cuda/decode/sm90/ptx.cuh"
+#include "cuda/decode/sm90/traits.cuh"
+
+namespace mlakit::cuda::decode_sm90 {
+
+inline constexpr float kLog2e = 1.4426950408889634f;
+inline constexpr float kLn2 = 0.6931471805599453f;
+
+// Keys query j (of s_q) may see: [0, visible_end) with bottom-right causal alignment.
+__device__ __forceinline__ int visible_end(int seq_len, int s_q, int j) {
+  return min(max(seq_len - s_q + j + 1, 0), seq_len);
+}
+
+// The keys one CTA works on and its place in the batch.
+struct WorkItem {
+  int batch_index, split, row0;
+  int key_begin;  // first key of the split
+  int key_end;    // end of the split (<= seq_len)
+  int cta_end;    // min(key_end, keys the CTA's last row sees): keys past it are never loaded
+  int num_tiles;
+  int seq_len;
+  bool bad_seq_len;
+};
+
+template <class Cfg>
+__device__ __forceinline__ WorkItem make_work_item(const DecodeKernelParams& p) {
+  WorkItem w;
+  int cta = static_cast<int>(blockIdx.x);
+  w.row0 = (cta % p.row_tiles) * Cfg::kBlockM;
+  cta /= p.row_tiles;
+  w.split = cta % p.num_splits;
+  w.batch_index = cta / p.num_splits;
+  const int raw_len = p.seq_lens[w.batch_index * p.seq_lens_stride];
+  w.bad_seq_len = raw_len < 0 || raw_len > p.max_seq_len;
+  w.seq_len = w.bad_seq_len ? 0 : raw_len;
+  const int per_split = (w.seq_len + p.num_splits - 1) / p.num_splits;
+  const int chunk = (per_split + kBlockN - 1) / kBlockN * kBlockN;
+  // split * chunk < 2^31: chunk <= seq_len / S + 64 and the host caps max_seq_len at 2^31 - 2^14.
+  w.key_begin = min(w.split * chunk, w.seq_len);
+  w.key_end = min(w.key_begin + chunk, w.seq_len);
+  const int last_row = min(w.row0 + Cfg::kBlockM, p.rows) - 1;
+  w.cta_end = min(w.key_end, visible_end(w.seq_len, p.s_q, last_row / p.num_heads));
+  w.num_tiles = w.cta_end > w.key_begin ? (w.cta_end - w.key_begin + kBlockN - 1) / kBlockN : 0;
+  return w;
+}
+
+// ---- q
+// -------------------------------------------------------------------------------------------
+
+// Eight consecutive q values starting at element `offset`, converted to the MMA element type.
+template <class Elem>
+__device__ __forceinline__ uint4 load_q8(const DecodeKernelParams& p, int64_t offset) {
+  float f[8] = {};
+  switch (p.q_dtype) {
+    case RuntimeDType::kBF16:
+    case RuntimeDType::kF16: {
+      const uint16_t* src = static_cast<const uint16_t*>(p.q) + offset;
+      uint16_t h[8];
+      if (p.q_rows_16b_aligned) {
+        const uint4 v = *reinterpret_cast<const uint4*>(src);
+        memcpy(h, &v, sizeof(h));
+      } else {
+        for (int i = 0; i < 8; ++i) h[i] = src[i];
+      }
+      for (int i = 0; i < 8; ++i) {
+        f[i] = p.q_dtype == RuntimeDType::kBF16 ? __bfloat162float(__ushort_as_bfloat16(h[i]))
+                                                : __half2float(__ushort_as_half(h[i]));
+      }
+      break;
+    }
+    case RuntimeDType::kF32: {
+      const float* src = static_cast<const float*>(p.q) + offset;
+      for (int i = 0; i < 8; ++i) f[i] = src[i];
+      break;
+    }
+    case RuntimeDType::kFp8E4m3: {
+      const uint8_t* src = static_cast<const uint8_t*>(p.q) + offset;
+      for (int i = 0; i < 8; i += 2) {
+        const uint16_t two = static_cast<uint16_t>(src[i] | (src[i + 1] << 8));
+        const float2 v = f16x2_to_float2(e4m3x2_to_f16x2(two));
+        f[i] = v.x;
+        f[i + 1] = v.y;
+      }
+      break;
+    }
+  }
+  return make_uint4(Elem::pack(f[0], f[1]), Elem::pack(f[2], f[3]), Elem::pack(f[4], f[5]),
+                    Elem::pack(f[6], f[7]));
+}
+
+// q rows [row0, row0 + kBlockM) of request b -> dst [kBlockM][576] in the configuration's operand
+// layout (Cfg::operand_offset), zero past `rows`.
+template <class Cfg>
+__device__ __forceinline__ void load_q_tile(const DecodeKernelParams& p, const WorkItem& w,
+                                            uint8_t* dst) {
+  constexpr int kUnits = Cfg::kBlockM * kRowChunks;  // 8 elements (16 bytes converted) each
+  for (int u = threadIdx.x; u < kUnits; u += kThreads) {
+    const int r = u / kRowChunks, c = u % kRowChunks;
+    const int row = w.row0 + r;
+    uint4 v = make_uint4(0, 0, 0, 0);
+    if (row < p.rows) {
+      const int j = row / p.num_heads, n = row % p.num_heads;
+      const int64_t offset =
+          w.batch_index * p.q_stride_batch + j * p.q_stride_query + n * p.q_stride_head + c * 8;
+      v = load_q8<typename Cfg::Element>(p, offset);
+    }
+    *reinterpret_cast<uint4*>(dst + Cfg::operand_offset(r, c)) = v;
+  }
+}
+
+// ---- copy of one key tile ----------------------------------------------------------------------
+
+template <class Cfg>
+__device__ __forceinline__ int key_of_pass(int pass) {
+  return static_cast<int>(threadIdx.x) / Cfg::kThreadsPerKey + pass * Cfg::kKeysPerPass;
+}
+
+// Page ids of this thread's keys of tile `tile` (-1 past cta_end: the table is not read there).
+template <class Cfg>
+__device__ __forceinline__ void lookup_pages(const DecodeKernelParams& p, const WorkItem& w,
+                                             int tile, int (&pages)[Cfg::kLoadPasses]) {
+#pragma unroll
+  for (int pass = 0; pass < Cfg::kLoadPasses; ++pass) {
+    const int pos = w.key_begin + tile * kBlockN + key_of_pass<Cfg>(pass);
+    pages[pass] = pos < w.cta_end ? p.block_table[w.batch_index * p.block_table_stride_batch +
+                                                  (pos / p.block_size) * p.block_table_stride_col]
+                                  : -1;
+  }
+}
+
+// Byte offset of chunk c of key `key` in a raw stage: native tiles are the MMA operand and use the
+// configuration's operand layout; fp8 stages are plain rows that only the conversion reads.
+template <class Cfg>
+__device__ __forceinline__ uint32_t raw_offset(int key, int c) {
+  if constexpr (Cfg::kConvert) {
+    return static_cast<uint32_t>(key * Cfg::kRawEntry + c * 16);
+  } else {
+    return Cfg::operand_offset(key, c);
+  }
+}
+
+// Issues (does not wait for) the copies of tile `tile` into `stage`. Sets `bad` on a block id
+// outside the cache; that key is zero-filled instead.
+template <class Cfg>
+__device__ __forceinline__ void copy_tile(const DecodeKernelParams& p, const WorkItem& w, int tile,
+                                          const int (&pages)[Cfg::kLoadPasses], uint8_t* stage,
+                                          bool& bad) {
+  const uint32_t base = smem_addr(stage);
+  const int lane_chunk = static_cast<int>(threadIdx.x) % Cfg::kThreadsPerKey;
+#pragma unroll
+  for (int pass = 0; pass < Cfg::kLoadPasses; ++pass) {
+    const int key = key_of_pass<Cfg>(pass);
+    const int pos = w.key_begin + tile * kBlockN + key;
+    const int page = pages[pass];
+    bool valid = pos < w.cta_end;
+    if (valid && (page < 0 || page >= p.num_blocks)) {
+      bad = true;
+      valid = false;
+    }
+    const uint8_t* src = valid ? p.cache + page * p.cache_stride_block_bytes +
+                                     (pos % p.block_size) * p.cache_stride_slot_bytes
+                               : p.cache;
+#pragma unroll
+    for (int step = 0; step < Cfg::kChunkSteps; ++step) {
+      const int c = lane_chunk + step * Cfg::kThreadsPerKey;
+      if (Cfg::kRawChunks % Cfg::kThreadsPerKey == 0 || c < Cfg::kRawChunks) {
+        cp_async_16(base + raw_offset<Cfg>(key, c), valid ? src + c * 16 : src, valid);
+      }
+    }
+  }
+}
+
+// Issues the copies of tiles [0, kTilesAhead) (one commit group each, empty past num_tiles) and
+// looks up the page ids of tile kTilesAhead. `stage(tile)` is the ring stage of a tile.
+template <class Cfg, class StageFn>
+__device__ __forceinline__ void start_copies(const DecodeKernelParams& p, const WorkItem& w,
+                                             StageFn stage, int (&next_pages)[Cfg::kLoadPasses],
+                                             bool& bad) {
+#pragma unroll
+  for (int t = 0; t < Cfg::kTilesAhead; ++t) {
+    if (t < w.num_tiles) {
+      lookup_pages<Cfg>(p, w, t, next_pages);
+      copy_tile<Cfg>(p, w, t, next_pages, stage(t), bad);
+    }
+    cp_async_commit();
+  }
+  if (Cfg::kTilesAhead < w.num_tiles) lookup_pages<Cfg>(p, w, Cfg::kTilesAhead, next_pages);
+}
+
+// In iteration t, once stage(t + kTilesAhead) is free: copies that tile (one commit group, empty
+// past num_tiles) and looks up the page ids of the tile after it.
+template <class Cfg, class StageFn>
+__device__ __forceinline__ void continue_copies(const DecodeKernelParams& p, const WorkItem& w,
+                                                int t, StageFn stage,
+                                                int (&next_pages)[Cfg::kLoadPasses], bool& bad) {
+  const int ahead = t + Cfg::kTilesAhead;
+  if (ahead < w.num_tiles) copy_tile<Cfg>(p, w, ahead, next_pages, stage(ahead), bad);
+  cp_async_commit();
+  if (ahead + 1 < w.num_tiles) lookup_pages<Cfg>(p, w, ahead + 1, next_pages);
+}
+
+// ---- online softmax
+// ------------------------------------------------------------------------------
+
+// Folds one tile into the running state of row `row`: the tile max is the max of the kParts
+// partial maxima parts[k * kRows + row] (log2 units, -inf for no visible key). Updates m_run and
+// rescales l_run; returns alpha = 2^(m_old - m_new), the factor for O, and sets m_use to the
+// reference the tile's probabilities subtract (0 while the row has seen no key: 2^-inf = 0).
+template <int kParts, int kRows>
+__device__ __forceinline__ float fold_tile_max(const float* parts, int row, float& m_run,
+                                               float& l_run, float& m_use) {
+  float m_tile = -INFINITY;
+#pragma unroll
+  for (int k = 0; k < kParts; ++k) m_tile = fmaxf(m_tile, parts[k * kRows + row]);
+  const float m_new = fmaxf(m_run, m_tile);
+  m_use = m_new == -INFINITY ? 0.0f : m_new;
+  const float alpha = fast_exp2(m_run - m_use);
+  m_run = m_new;
+  l_run *= alpha;
+  return alpha;
+}
+
+// ---- output rows
+// ----------------------------------------------------------------------------------
+
+__device__ __forceinline__ void store_pair(void* base, int64_t offset, RuntimeDType dtype, float x,
+                                           float y) {
+  switch (dtype) {
+    case RuntimeDType::kF32:
+      *reinterpret_cast<float2*>(static_cast<float*>(base) + offset) = make_float2(x, y);
+      break;
+    case RuntimeDType::kBF16:
+      *reinterpret_cast<__nv_bfloat162*>(static_cast<__nv_bfloat16*>(base) + offset) =
+          __floats2bfloat162_rn(x, y);
+      break;
+    default:
+      *reinterpret_cast<__half2*>(static_cast<__half*>(base) + offset) = __floats2half2_rn(x, y);
+      break;
+  }
+}
+
+// Where the values of one finished row go and the factor that normalizes them; base == nullptr:
+// the row's values are not written (a -inf partial, which the combine skips without reading).
+struct RowSink {
+  void* base;
+  int64_t offset;  // element offset of column 0 in base
+  RuntimeDType dtype;
+  float inv;  // value_scale / row sum (0 for a row without keys, NaN for a bad CTA)
+};
+
+// Finishes row `row` (< p.rows) of the CTA from its row sum `l` and max `m` (log2 units): writes
+// its LSE when `write_lse` (one thread per row), returns where its values go.
+__device__ __forceinline__ RowSink finish_row(const DecodeKernelParams& p, const WorkItem& w,
+                                              int row, float l, float m, bool bad, bool write_lse) {
+  float inv, lse;
+  if (bad) {
+    inv = lse = NAN;
+  } else if (l > 0.0f) {
+    inv = p.value_scale / l;
+    lse = (m + __log2f(l)) * kLn2;
+  } else {
+    inv = 0.0f;  // no visible key: out 0, lse -inf
+    lse = -INFINITY;
+  }
+  const bool direct = p.num_splits == 1;
+  const int j = row / p.num_heads, n = row % p.num_heads;
+  const int64_t split_row =
+      (static_cast<int64_t>(w.batch_index) * p.num_splits + w.split) * p.rows + row;
+  if (write_lse) {
+    if (direct) {
+      p.lse[w.batch_index * p.lse_stride_batch + j * p.lse_stride_query + n * p.lse_stride_head] =
+          lse;
+    } else {
+      p.partial_lse[split_row] = lse;
+    }
+  }
+  RowSink sink{nullptr, 0, RuntimeDType::kF32, inv};
+  if (direct) {
+    sink.base = p.out;
+    sink.offset =
+        w.batch_index * p.out_stride_batch + j * p.out_stride_query + n * p.out_stride_head;
+    sink.dtype = p.out_dtype;
+  } else if (lse != -INFINITY) {
+    sink.base = p.partial_out;
+    sink.offset = split_row * kDimV;
+  }
+  return sink;
+}
+
+}  // namespace mlakit::cuda::decode_sm90
