@@ -143,6 +143,14 @@ MLAKIT_API mlakit_status_t mlakit_merge_attn_states(const DLTensor* output,
 MLAKIT_API mlakit_status_t mlakit_scaled_fp8_quant(const DLTensor* input, const DLTensor* out,
                                                    float scale, void* stream);
 
+/* Device-side index checks (ops.hpp check_device_errors): GPU kernels skip a bad index (slot,
+ * block table entry, request id, cu_seqlens) instead of synchronizing, and record it per device.
+ * Waits for `stream`, then returns MLAKIT_ERROR_OUT_OF_RANGE naming every kind of bad index seen
+ * on the device since the last call (and clears the record), else MLAKIT_OK. device_type: a
+ * DLDeviceType (kDLCPU / kDLCUDAHost: nothing to check, MLAKIT_OK; kDLCUDA: device_id). */
+MLAKIT_API mlakit_status_t mlakit_check_device_errors(int32_t device_type, int32_t device_id,
+                                                      void* stream);
+
 /* Absorbed MQA decode over the paged cache, convenience form for HOST tensors (it plans the
  * split-KV schedule and allocates its workspace). Query j of request b attends keys
  * [0, seq_lens[b] - s_q + j]; seq_len 0 gives out 0, lse -inf.

@@ -130,6 +130,18 @@ void copy(const TensorView& src, const TensorView& dst, Stream stream = {});
 // Every element of dst becomes 0 (any dtype, any strides).
 void fill_zero(const TensorView& dst, Stream stream = {});
 
+// ---- Device-side index checks
+// ------------------------------------------------------------------------ The index tensors of
+// GPU ops (slot_mapping, block tables, token_to_seq, cu_seqlens, ...) live in device memory, and
+// reading them on the host would synchronize and break CUDA-graph capture. So the CUDA kernels
+// check every index they read: a bad one is skipped (nothing out of bounds is read or written)
+// and recorded in a per-device error word. check_device_errors waits for `stream`, then throws
+// Error(kOutOfRange) naming every kind of bad index recorded on `device` since the last call, and
+// clears the record. Call it where a synchronization is fine (a step end, after a graph replay).
+// A no-op for the CPU, whose ops check indices on the host and throw at once. mla_decode does not
+// record: a bad block id or seq_len turns the affected output rows into NaN.
+void check_device_errors(Device device, Stream stream = {});
+
 // ---- GEMMs (BLAS on CPU, cuBLAS on GPU)
 // ---------------------------------------------------------- c[b] = a[b] @ w[b] for every batch
 // index b, f32 accumulation. a: [batch, M, K]  w: [batch, K, Ncol]  c: [batch, M, Ncol] Any

@@ -23,6 +23,7 @@ from ._version import __version__
 from .attention import ForwardBatch, MlaAttention, MlaConfig
 from .ops import (
     DecodeSchedule,
+    check_device_errors,
     concat_and_cache_mla,
     cp_gather_cache,
     gather_and_maybe_dequant_cache,
@@ -80,6 +81,7 @@ __all__ = [
     "SplitCounts",
     "__version__",
     "build_info",
+    "check_device_errors",
     "chunked_prefill_workspace_tokens",
     "concat_and_cache_mla",
     "cp_gather_cache",

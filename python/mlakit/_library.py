@@ -176,6 +176,7 @@ _STATUS_FUNCTIONS = {
     "mlakit_cp_gather_cache": [_T, _T, _T, _T, _i64, _T, _vp],
     "mlakit_merge_attn_states": [_T, _T, _T, _T, _T, _T, _vp],
     "mlakit_scaled_fp8_quant": [_T, _T, _f32, _vp],
+    "mlakit_check_device_errors": [_i32, _i32, _vp],
     "mlakit_mla_decode": [_T, _T, _T, _T, _T, _T, _f32, _i32, _f32, _f32],
     "mlakit_plan_decode_splits": [_pi32, _i64, _i64, _i64, _P(_vp)],
     "mlakit_decode_schedule_info": [_vp, _pi64, _pi64],

@@ -12,7 +12,7 @@ import weakref
 
 import numpy as np
 
-from ._dlpack import describe, describe_optional, is_torch_tensor
+from ._dlpack import KDL_CPU, KDL_CUDA, describe, describe_optional, is_torch_tensor
 from ._library import call, lib
 
 _KV_CACHE_DTYPES = {}  # name -> code, filled by kv_cache_dtype_code
@@ -247,3 +247,31 @@ __all__ = [
     "scaled_fp8_quant",
     "static_scaled_fp8_quant",
 ]
+
+
+def check_device_errors(device="cpu"):
+    """Raises MlakitError (status out_of_range) when a GPU op on `device` met a bad index (a
+    slot, block-table entry, request id or cu_seqlens value) since the last check, and clears
+    that record. GPU kernels skip a bad index instead of synchronising to report it (nothing out
+    of bounds is read or written); call this where a synchronisation is fine, e.g. after a step
+    or a CUDA-graph replay. Waits for torch's current stream of the device. `device`: 'cpu'
+    (nothing to check), 'cuda', 'cuda:N', an int N or a torch.device."""
+    kind, _, index = str(device).partition(":")
+    if isinstance(device, int):
+        kind, index = "cuda", str(device)
+    if kind == "cpu":
+        call("mlakit_check_device_errors", KDL_CPU, 0, None)
+        return
+    if kind != "cuda":
+        raise ValueError(f"mlakit: device must be 'cpu', 'cuda', 'cuda:N' or an int, got {device!r}")
+    stream = None
+    try:
+        import torch
+    except ImportError:
+        torch = None
+    if torch is not None and torch.cuda.is_available():
+        ordinal = int(index) if index else torch.cuda.current_device()
+        stream = ctypes.c_void_p(torch.cuda.current_stream(ordinal).cuda_stream)
+    else:
+        ordinal = int(index) if index else 0
+    call("mlakit_check_device_errors", KDL_CUDA, ordinal, stream)

@@ -74,3 +74,17 @@ def test_failed_call_leaves_outputs_and_the_next_call_works():
     with pytest.raises(ValueError):
         mlakit.merge_attn_states(out, prefix, p_lse[:1], suffix, s_lse)
     mlakit.merge_attn_states(out, prefix, p_lse, suffix, s_lse)  # no stale error state
+
+
+def test_check_device_errors_on_the_host_is_a_no_op():
+    mlakit.check_device_errors()  # CPU ops report bad indices at once; nothing is recorded
+    mlakit.check_device_errors("cpu")
+    with pytest.raises(ValueError, match="device must be 'cpu', 'cuda', 'cuda:N' or an int"):
+        mlakit.check_device_errors("tpu")
+
+
+def test_check_device_errors_without_cuda_is_not_implemented():
+    if mlakit.build_info()["cuda"]:
+        pytest.skip("this build has the CUDA backend")
+    with pytest.raises(NotImplementedError, match="cuda:0: mlakit was built without CUDA"):
+        mlakit.check_device_errors("cuda:0")

@@ -137,3 +137,23 @@ def test_cuda_tensors_reach_the_library(rng):
     torch.cuda.synchronize()
     expected = expected_merge(prefix.cpu(), p_lse.cpu(), suffix.cpu(), s_lse.cpu())
     torch.testing.assert_close(out.cpu(), expected, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
+def test_bad_slot_on_the_gpu_is_reported_by_check_device_errors():
+    if not mlakit.build_info()["cuda"]:
+        pytest.skip("this build has no CUDA backend")
+    L, R, block = 32, 8, 4
+    cache = torch.full((2, block, L + R), float("nan"), device="cuda")
+    kv_c = torch.randn(2, L, device="cuda")
+    k_pe = torch.randn(2, R, device="cuda")
+    slots = torch.tensor([1, 2 * block], dtype=torch.int64, device="cuda")  # the second is past
+    mlakit.check_device_errors("cuda")  # start clean
+    mlakit.concat_and_cache_mla(kv_c, k_pe, cache, slots)
+    with pytest.raises(ValueError, match="slot_mapping") as info:
+        mlakit.check_device_errors("cuda")
+    assert info.value.status == "out_of_range"
+    mlakit.check_device_errors(torch.device("cuda"))  # the record was cleared
+    flat = cache.reshape(-1, L + R).cpu()
+    torch.testing.assert_close(flat[1], torch.cat([kv_c[0], k_pe[0]]).cpu())
+    assert torch.isnan(flat[[0] + list(range(2, 2 * block))]).all()  # nothing else written

@@ -16,6 +16,8 @@ std::string dtype_string(DLDataType dtype) {
                          static_cast<int>(dtype.bits), ", lanes ", dtype.lanes, ")");
 }
 
+}  // namespace
+
 Device to_device(const char* op, const char* name, DLDevice device) {
   switch (device.device_type) {
     case kDLCPU:
@@ -33,8 +35,6 @@ Device to_device(const char* op, const char* name, DLDevice device) {
                           "; mlakit supports kDLCPU (1), kDLCUDA (2) and kDLCUDAHost (3)"));
   }
 }
-
-}  // namespace
 
 mlakit_status_t record_error(mlakit_status_t status, const char* message) noexcept {
   try {

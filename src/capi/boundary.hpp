@@ -44,6 +44,10 @@ mlakit_status_t guarded(const char* op, Body&& body) noexcept {
   }
 }
 
+// A DLPack device as a Device (pinned host memory is the CPU); `name` is the argument in
+// messages. Throws kInvalidArgument for a negative CUDA id, kUnsupported for other device types.
+Device to_device(const char* op, const char* name, DLDevice device);
+
 // A borrowed DLTensor as a TensorView (data + byte_offset, strides in elements, NULL strides =
 // dense). Throws kInvalidArgument for NULL, rank > 4, lanes != 1, unknown dtypes, negative sizes
 // or a misaligned address; kUnsupported for devices other than CPU, pinned host and CUDA.

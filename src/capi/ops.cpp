@@ -5,6 +5,7 @@
 
 using mlakit::Stream;
 using mlakit::capi::guarded;
+using mlakit::capi::to_device;
 using mlakit::capi::to_kv_cache_dtype;
 using mlakit::capi::to_optional_view;
 using mlakit::capi::to_view;
@@ -118,6 +119,15 @@ MLAKIT_API mlakit_status_t mlakit_mla_prefill(const DLTensor* q, const DLTensor*
     mlakit::ops::mla_prefill(q_view, k_nope_view, k_pe_view, v_view, cu_seqlens_q_view,
                              cu_seqlens_k_view, max_seqlen_q, max_seqlen_k, scale, causal != 0,
                              out_view, lse_view, Stream{stream});
+  });
+}
+
+MLAKIT_API mlakit_status_t mlakit_check_device_errors(int32_t device_type, int32_t device_id,
+                                                      void* stream) {
+  constexpr const char* kOp = "check_device_errors";
+  return guarded(kOp, [&] {
+    const DLDevice device{static_cast<DLDeviceType>(device_type), device_id};
+    mlakit::ops::check_device_errors(to_device(kOp, "device", device), Stream{stream});
   });
 }
 

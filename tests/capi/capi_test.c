@@ -199,12 +199,23 @@ static void test_fp8_quant(void) {
   CHECK(out[3] == 0x22); /* 0.15 -> 1.01b * 2^-3: exponent 4, mantissa 010 (nearest) */
 }
 
+static void test_device_errors(void) {
+  /* Host devices have nothing recorded: CPU ops throw at the bad index itself. */
+  CHECK_STATUS(mlakit_check_device_errors(kDLCPU, 0, NULL), MLAKIT_OK, NULL);
+  CHECK_STATUS(mlakit_check_device_errors(kDLCUDAHost, 0, NULL), MLAKIT_OK, NULL);
+  CHECK_STATUS(mlakit_check_device_errors(kDLCUDA, -1, NULL), MLAKIT_ERROR_INVALID_ARGUMENT,
+               "negative CUDA device id");
+  CHECK_STATUS(mlakit_check_device_errors(kDLMetal, 0, NULL), MLAKIT_ERROR_UNSUPPORTED,
+               "DLPack device type");
+}
+
 int main(void) {
   test_version();
   test_errors();
   test_planner();
   test_merge();
   test_fp8_quant();
+  test_device_errors();
   printf("capi_test: %d passed, %d failed\n", g_passed, g_failed);
   return g_failed == 0 ? 0 : 1;
 }

@@ -13,7 +13,6 @@
 
 #include "common/paged_cache.hpp"
 #include "common/test_util.hpp"
-#include "cuda/common/device_errors.hpp"
 #include "gpu_test_util.hpp"
 #include "mlakit/error.hpp"
 #include "mlakit/kv_cache.hpp"
@@ -98,7 +97,7 @@ void run_gather_case(const GatherCase& c) {
   auto rng = test::make_rng(9000 + c.stream);
   const Indices ix = make_paged_indices(rng, c.batch);
   const GatherRun r = run_gather(c, ix, ix);
-  EXPECT_NO_THROW(cuda::check_device_errors(Device::cuda(0)));
+  EXPECT_NO_THROW(ops::check_device_errors(Device::cuda(0)));
   EXPECT_TRUE(test::same_bits(r.cpu, r.gpu));
 }
 
@@ -169,13 +168,13 @@ TEST(CudaGatherAndMaybeDequantCache, BlockSizeOneAndNoTokens) {
 // Expects check_device_errors to throw kOutOfRange mentioning `substring`, then to be clear.
 void expect_device_error(const std::string& substring) {
   try {
-    cuda::check_device_errors(Device::cuda(0));
+    ops::check_device_errors(Device::cuda(0));
     ADD_FAILURE() << "expected a device-side error containing '" << substring << "'";
   } catch (const Error& e) {
     EXPECT_EQ(e.code(), ErrorCode::kOutOfRange);
     EXPECT_NE(std::string(e.what()).find(substring), std::string::npos) << e.what();
   }
-  EXPECT_NO_THROW(cuda::check_device_errors(Device::cuda(0))) << "the error word was not cleared";
+  EXPECT_NO_THROW(ops::check_device_errors(Device::cuda(0))) << "the error word was not cleared";
 }
 
 // Tokens of request b whose position lies in block column `column`.
@@ -295,7 +294,7 @@ void run_cp_gather_case(const CpCase& c) {
   auto rng = test::make_rng(9500 + c.stream);
   const Indices ix = make_paged_indices(rng, c.batch);
   const GatherRun r = run_cp_gather(c, ix, ix);
-  EXPECT_NO_THROW(cuda::check_device_errors(Device::cuda(0)));
+  EXPECT_NO_THROW(ops::check_device_errors(Device::cuda(0)));
   EXPECT_TRUE(test::same_bits(r.cpu, r.gpu, false));
 }
 

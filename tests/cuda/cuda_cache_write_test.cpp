@@ -9,7 +9,6 @@
 
 #include "common/cache_write_inputs.hpp"
 #include "common/test_util.hpp"
-#include "cuda/common/device_errors.hpp"
 #include "gpu_test_util.hpp"
 #include "mlakit/error.hpp"
 #include "mlakit/kv_cache.hpp"
@@ -38,7 +37,7 @@ void run_write_case(const WriteCase& c) {
   ops::concat_and_cache_mla(in.kv_c, in.k_pe, in.cache, in.slot_mapping, c.kv_dtype, c.k_scale);
   ops::concat_and_cache_mla(d_kv_c.on_device(in.kv_c), d_k_pe.on_device(in.k_pe),
                             d_cache.on_device(in.cache), d_slots.device, c.kv_dtype, c.k_scale);
-  EXPECT_NO_THROW(cuda::check_device_errors(Device::cuda(0)));
+  EXPECT_NO_THROW(ops::check_device_errors(Device::cuda(0)));
   // fp8_e4m3 caches hold only codes: NaN codes of either sign are equal. ds_mla entries also hold
   // f32 scales and rope bits: exact bytes.
   EXPECT_TRUE(test::same_bits(in.cache_buffer, test::to_host(d_cache.device),
@@ -166,7 +165,7 @@ TEST(CudaConcatAndCacheMlaErrors, SlotBeyondCacheIsSkippedAndReported) {
     ops::concat_and_cache_mla(d_kv_c.device, d_k_pe.device, d_buffer.on_device(cache), d_bad.device,
                               kv, 0.5f);
     try {
-      cuda::check_device_errors(Device::cuda(0));
+      ops::check_device_errors(Device::cuda(0));
       ADD_FAILURE() << "expected the bad slot to be reported";
     } catch (const Error& e) {
       EXPECT_EQ(e.code(), ErrorCode::kOutOfRange);
@@ -175,7 +174,7 @@ TEST(CudaConcatAndCacheMlaErrors, SlotBeyondCacheIsSkippedAndReported) {
                 std::string::npos)
           << e.what();
     }
-    EXPECT_NO_THROW(cuda::check_device_errors(Device::cuda(0))) << "the error word was not cleared";
+    EXPECT_NO_THROW(ops::check_device_errors(Device::cuda(0))) << "the error word was not cleared";
     EXPECT_TRUE(test::same_bits(buffer, test::to_host(d_buffer.device), false));
   }
 }

@@ -11,7 +11,6 @@
 #include <vector>
 
 #include "common/test_util.hpp"
-#include "cuda/common/device_errors.hpp"
 #include "cuda/elementwise/launch.hpp"
 #include "gpu_test_util.hpp"
 #include "mlakit/error.hpp"
@@ -120,7 +119,7 @@ TEST(CudaGraphCapture, CapturedStepReplaysTheEagerResult) {
 
   step.run(stream.stream());  // eager, also the warm-up (cuBLAS handle, scratch)
   ASSERT_EQ(cudaStreamSynchronize(stream.get()), cudaSuccess);
-  cuda::check_device_errors(Device::cuda(0), stream.stream());
+  ops::check_device_errors(Device::cuda(0), stream.stream());
   const std::vector<Tensor> eager = step.outputs();
   step.reset(stream.get());
 
@@ -139,7 +138,7 @@ TEST(CudaGraphCapture, CapturedStepReplaysTheEagerResult) {
       EXPECT_TRUE(test::same_bits(eager[i], replayed[i], false)) << "output " << i;
     }
   }
-  cuda::check_device_errors(Device::cuda(0), stream.stream());
+  ops::check_device_errors(Device::cuda(0), stream.stream());
   cudaGraphExecDestroy(exec);
   cudaGraphDestroy(graph);
 }

@@ -19,7 +19,6 @@
 #include <vector>
 
 #include "common/test_util.hpp"
-#include "cuda/common/device_errors.hpp"
 #include "cuda/gpu_test_util.hpp"
 #include "mlakit/error.hpp"
 #include "mlakit/ops.hpp"
@@ -151,7 +150,7 @@ Outputs run_cuda(const Inputs& in) {
                    cu_k, in.max_q, in.max_k, in.scale, in.c.causal,
                    test::mirror(host.out(), host.out_buf, out),
                    in.c.with_lse ? std::optional<TensorView>(lse.view()) : std::nullopt);
-  EXPECT_NO_THROW(cuda::check_device_errors(Device::cuda(0)));
+  EXPECT_NO_THROW(ops::check_device_errors(Device::cuda(0)));
   return {test::to_host(out), test::to_host(lse)};
 }
 
@@ -419,14 +418,14 @@ TEST(CudaPrefill, BadSeqlensOnTheDeviceAreReportedNotFollowed) {
     SCOPED_TRACE(i);
     const DeviceInputs d = device_inputs(DType::kBF16, kNope, kRope, kDv, bad_q[i], {0, 6, 10});
     prefill(d, i == 3 ? 4 : 5, 6);
-    MLAKIT_EXPECT_THROW_MSG(cuda::check_device_errors(Device::cuda(0)),
+    MLAKIT_EXPECT_THROW_MSG(ops::check_device_errors(Device::cuda(0)),
                             "mla_prefill: cu_seqlens_q / cu_seqlens_k were not non-decreasing");
   }
   const DeviceInputs past_k = device_inputs(DType::kBF16, kNope, kRope, kDv, {0, 5, 8}, {0, 6, 11});
   prefill(past_k, 5, 6);
-  MLAKIT_EXPECT_THROW_MSG(cuda::check_device_errors(Device::cuda(0)),
+  MLAKIT_EXPECT_THROW_MSG(ops::check_device_errors(Device::cuda(0)),
                           "(that request's rows were not written)");
-  EXPECT_NO_THROW(cuda::check_device_errors(Device::cuda(0))) << "the word was not cleared";
+  EXPECT_NO_THROW(ops::check_device_errors(Device::cuda(0))) << "the word was not cleared";
 }
 
 }  // namespace
