@@ -1,11 +1,13 @@
 // Device code of the wgmma prefill kernel (sm_90a; docs/kernels/prefill_cuda.md).
 //
 // Block = (128 query rows, head, request), two warpgroups of 64 rows each. The Q tile [128, 192]
-// and, per key tile of 128, K [128, k_nope 128 | k_pe 64] and V [128, 128] are copied with
-// cp.async into 128-byte-swizzled shared memory (double buffered). Per tile each warpgroup runs
-//   S = Q K^T   wgmma m64n128k16, both operands from shared memory, f32 accumulators;
+// and, per key tile of 64, K [64, k_nope 128 | k_pe 64] and V [64, 128] are copied with cp.async
+// into 128-byte-swizzled shared memory, 3 tiles ahead of the one computed (4 stages). Per tile
+// each warpgroup runs
+//   S = Q K^T   wgmma m64n64k16, both operands from shared memory, f32 accumulators;
 //   softmax     online, in log2 units, on S's registers (online_softmax.cuh);
-//   O += P V    wgmma m64n128k16 with P from registers (rounded to the input type) and V from
+//   O += P V    wgmma m64n128k16 (k = 64 keys) with P from registers (rounded to the input type)
+//   and V from
 //               shared memory read as (dims, keys).
 // Causal: key tiles wholly above the block's diagonal are skipped, tiles crossing it are masked
 // (bottom-right alignment). Takes 16-byte aligned rows with contiguous dims (PrefillParams::
@@ -29,12 +31,11 @@ __device__ __forceinline__ void fence_shared_for_wgmma() {
   asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
 }
 
-// Issues C (+)= A B over every k-block of the fragments as one wgmma batch of the warpgroup and
-// returns at once; warpgroup_wait<n>() then waits until at most n batches are in flight, after
-// which C must be fenced (warpgroup_fence_operand) before the registers are read.
-template <bool kZeroInit, class TiledMma, class FragA, class FragB, class FragC>
-__device__ __forceinline__ void issue_gemm(TiledMma& mma, const FragA& a, const FragB& b,
-                                           FragC& c) {
+// C (+)= A B over every k-block of the fragments, as one wgmma batch of the warpgroup; returns
+// when the results are in C's registers. kARegisters: A is a register fragment (else descriptors).
+template <bool kZeroInit, bool kARegisters, class TiledMma, class FragA, class FragB, class FragC>
+__device__ __forceinline__ void warpgroup_gemm(TiledMma& mma, FragA& a, const FragB& b, FragC& c) {
+  if constexpr (kARegisters) warpgroup_fence_operand(a);
   warpgroup_fence_operand(c);
   warpgroup_arrive();
   if constexpr (kZeroInit) mma.accumulate_ = GMMA::ScaleOut::Zero;
@@ -44,6 +45,9 @@ __device__ __forceinline__ void issue_gemm(TiledMma& mma, const FragA& a, const 
     mma.accumulate_ = GMMA::ScaleOut::One;
   }
   warpgroup_commit_batch();
+  warpgroup_wait<0>();
+  warpgroup_fence_operand(c);
+  if constexpr (kARegisters) warpgroup_fence_operand(a);
 }
 
 // 16-byte chunk `chunk` (8 elements) of `rows` rows of width kWidth into a swizzled tile; rows
@@ -117,6 +121,7 @@ __global__ void __launch_bounds__(Traits<In>::kThreads, 1)
         sV(_, _, stage), valid,
         [&](int row) { return v + (key0 + row) * p.v_stride[0] + head * p.v_stride[1]; }, p.v);
   };
+  // Prologue: Q and the first kStages - 1 tiles, one commit group per tile (Q rides with tile 0).
   if (key_tiles > 0) {
     copy_rows<kThreads, kBlockM, kHeadDimQK>(
         sQ, rows_valid,
@@ -124,9 +129,15 @@ __global__ void __launch_bounds__(Traits<In>::kThreads, 1)
           return q + (r.q_begin + row0 + row) * p.q_stride[0] + head * p.q_stride[1];
         },
         p.q);
-    load_k(0, 0);
   }
-  cp_async_commit();
+#pragma unroll
+  for (int t = 0; t < T::kStages - 1; ++t) {
+    if (t < key_tiles) {
+      load_k(t, t);
+      load_v(t, t);
+    }
+    cp_async_commit();
+  }
 
   typename T::MmaQK mma_qk;
   typename T::MmaPV mma_pv;
@@ -150,27 +161,21 @@ __global__ void __launch_bounds__(Traits<In>::kThreads, 1)
   // The thread's first row in the request: warpgroup slab, warp's 16 rows, lane's row.
   const int thread_row = row0 + (threadIdx.x / 128) * 64 + (threadIdx.x % 128) / 32 * 16 + lane / 4;
   RowState rows;
-  // Tile t: S_t = Q K_t^T is issued together with O += P_{t-1} V_{t-1}, and the softmax of S_t
-  // runs while the tensor cores finish P_{t-1} V_{t-1}. The copy issued in iteration t brings
-  // K_{t+1} and V_t (V is consumed one tile after K), so iteration t needs K_t and V_{t-1}.
   for (int t = 0; t < key_tiles; ++t) {
-    cp_async_wait<0>();
+    const int stage = t % T::kStages;
+    cp_async_wait<T::kStages - 2>();  // tile t (and Q) landed: only newer groups may be pending
     fence_shared_for_wgmma();
-    // Copies landed for every thread; every warpgroup is done with K_{t-1} and V_{t-2}, whose
-    // stages the copy below overwrites.
+    // Everyone's copies of tile t are visible, and everyone is done with tile t - 1, whose stage
+    // the copy below reuses.
     __syncthreads();
-    if (t + 1 < key_tiles) load_k(t + 1, (t + 1) % T::kStages);
-    load_v(t, t % T::kStages);
-    cp_async_commit();
-
-    issue_gemm<true>(mma_qk, tSrQ, tSrK(_, _, _, t % T::kStages), tSrS);
-    if (t > 0) {
-      issue_gemm<false>(mma_pv, tOrP, tOrV(_, _, _, (t - 1) % T::kStages), tOrO);
-      warpgroup_wait<1>();  // S_t is ready; P_{t-1} V_{t-1} may still run
-    } else {
-      warpgroup_wait<0>();
+    const int next = t + T::kStages - 1;
+    if (next < key_tiles) {
+      load_k(next, next % T::kStages);
+      load_v(next, next % T::kStages);
     }
-    warpgroup_fence_operand(tSrS);
+    cp_async_commit();  // possibly empty: keeps one group per tile for the wait above
+
+    warpgroup_gemm<true, false>(mma_qk, tSrQ, tSrK(_, _, _, stage), tSrS);
     const int key0 = t * kBlockN;
     // Masked when some key of the tile is past the first row's limit (causal) or past sk.
     const bool masked = key0 + kBlockN > keys.first_row_keys;
@@ -181,22 +186,12 @@ __global__ void __launch_bounds__(Traits<In>::kThreads, 1)
     }
     float rescale[2];
     softmax_tile<kScoreTiles>(score, p.scale_log2, masked, key_limit, lane, rows, rescale);
-    warpgroup_wait<0>();  // P_{t-1} V_{t-1} is in O; P's registers are free
-    warpgroup_fence_operand(tOrO);
-    warpgroup_fence_operand(tOrP);
     rescale_rows<kOutTiles>(out, rescale);
 #pragma unroll
     for (int i = 0; i < size(tOrP); ++i) tOrP(i) = static_cast<Element>(tSrS(i));
-    warpgroup_fence_operand(tOrP);
+    warpgroup_gemm<false, true>(mma_pv, tOrP, tOrV(_, _, _, stage), tOrO);
   }
-  if (key_tiles > 0) {  // the last tile's P V
-    cp_async_wait<0>();
-    fence_shared_for_wgmma();
-    __syncthreads();
-    issue_gemm<false>(mma_pv, tOrP, tOrV(_, _, _, (key_tiles - 1) % T::kStages), tOrO);
-    warpgroup_wait<0>();
-    warpgroup_fence_operand(tOrO);
-  }
+  cp_async_wait<0>();  // only empty groups can remain; none may outlive the block
   store_rows<Out, kOutTiles>(p, r, head, thread_row, lane, rows, out);
 }
 

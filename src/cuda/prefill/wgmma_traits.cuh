@@ -32,11 +32,11 @@ struct Traits {
   static constexpr int kWarpGroups = 2;
   static constexpr int kBlockM = 64 * kWarpGroups;
   static constexpr int kThreads = 128 * kWarpGroups;  // 128 threads per warpgroup
-  // Keys per tile: S = 64 x 128 f32 is 64 registers per thread beside O's 64; a wider tile
-  // halves the per-tile barriers and softmax overhead but K/V stages outgrow shared memory.
-  static constexpr int kBlockN = 128;
-  // K/V tiles in flight: the next tile is copied (cp.async) while the current one is computed.
-  static constexpr int kStages = 2;
+  // Keys per tile and tiles in shared memory: 64-key tiles (K 24 KiB + V 16 KiB) in 4 stages
+  // keep 3 tiles in flight while one is computed; 128-key tiles fit only 2 stages (1 in flight),
+  // too little to cover the L2 latency at this rate (docs/perf-notes.md).
+  static constexpr int kBlockN = 64;
+  static constexpr int kStages = 4;
 
   using AtomLayout = Layout<Shape<Int<kWarpGroups>, _1, _1>>;  // warpgroups stacked along M
   // S = Q K^T: A = Q, B = K, both K-major (head dims contiguous) in shared memory.
