@@ -50,16 +50,18 @@ __device__ __forceinline__ void warpgroup_gemm(TiledMma& mma, FragA& a, const Fr
   if constexpr (kARegisters) warpgroup_fence_operand(a);
 }
 
-// 16-byte chunk `chunk` (8 elements) of `rows` rows of width kWidth into a swizzled tile; rows
-// >= rows_valid are zero-filled (src not read). row_src(row) is the row's first element in global.
+// kRows rows of kWidth elements into a swizzled tile as 16-byte chunks (8 elements) spread over
+// kThreads threads; rows >= rows_valid are zero-filled (src not read). row_src(row) is the row's
+// first element in global memory.
 template <int kThreads, int kRows, int kWidth, class Tile, class RowSrc>
 __device__ __forceinline__ void copy_rows(Tile&& tile, int rows_valid, RowSrc&& row_src,
                                           const void* any_global) {
   constexpr int kChunksPerRow = kWidth / kChunk;
-  static_assert((kRows * kChunksPerRow) % kThreads == 0, "every thread copies the same count");
+  constexpr int kChunks = kRows * kChunksPerRow;
 #pragma unroll
-  for (int i = 0; i < kRows * kChunksPerRow / kThreads; ++i) {
+  for (int i = 0; i < (kChunks + kThreads - 1) / kThreads; ++i) {
     const int c = i * kThreads + threadIdx.x;
+    if (kChunks % kThreads != 0 && c >= kChunks) break;
     const int row = c / kChunksPerRow, col = (c % kChunksPerRow) * kChunk;
     const bool valid = row < rows_valid;
     cp_async_16(&tile(row, col), valid ? static_cast<const void*>(row_src(row) + col) : any_global,
@@ -67,10 +69,9 @@ __device__ __forceinline__ void copy_rows(Tile&& tile, int rows_valid, RowSrc&& 
   }
 }
 
-template <class In, class Out>
-__global__ void __launch_bounds__(Traits<In>::kThreads, 1)
+template <class In, class Out, class T = Traits<In>>
+__global__ void __launch_bounds__(T::kThreads, 1)
     prefill_kernel(const __grid_constant__ PrefillParams p) {
-  using T = Traits<In>;
   using Element = typename T::Element;
   constexpr int kBlockM = T::kBlockM, kBlockN = T::kBlockN, kThreads = T::kThreads;
   constexpr int kScoreTiles = kBlockN / 8;  // n8 tiles of S per thread row pair

@@ -4,6 +4,7 @@
 
 #include <cutlass/numeric_types.h>
 
+#include <algorithm>
 #include <cute/atom/mma_atom.hpp>
 #include <cute/tensor.hpp>
 
@@ -25,18 +26,24 @@ struct CuteElement<F16> {
   using type = cutlass::half_t;
 };
 
-template <class In>
+// kWarpGroups_: query rows of a block in units of one wgmma M of 64 rows (one warpgroup each).
+// More rows share each K / V tile (less L2 traffic per FLOP) but take shared memory from the
+// copy pipeline and registers from every thread (65536 / (128 * warpgroups) per thread).
+template <class In, int kWarpGroups_ = 3>
 struct Traits {
   using Element = typename CuteElement<In>::type;
-  // Query rows of a block: one wgmma M of 64 rows per warpgroup, two warpgroups.
-  static constexpr int kWarpGroups = 2;
+  static constexpr int kWarpGroups = kWarpGroups_;
   static constexpr int kBlockM = 64 * kWarpGroups;
   static constexpr int kThreads = 128 * kWarpGroups;  // 128 threads per warpgroup
-  // Keys per tile and tiles in shared memory: 64-key tiles (K 24 KiB + V 16 KiB) in 4 stages
-  // keep 3 tiles in flight while one is computed; 128-key tiles fit only 2 stages (1 in flight),
-  // too little to cover the L2 latency at this rate (docs/perf-notes.md).
+  // Keys per tile: 64 (K 24 KiB + V 16 KiB): small tiles leave shared memory for several
+  // stages, so copies run ahead of the tile being computed.
   static constexpr int kBlockN = 64;
-  static constexpr int kStages = 4;
+  static constexpr int kTileBytes = kBlockN * (kHeadDimQK + kHeadDimV) * 2;
+  static constexpr int kQBytes = kBlockM * kHeadDimQK * 2;
+  // K/V tiles in shared memory: as many as fit beside Q (227 KiB opt-in limit, 1 KiB for the
+  // alignment), at most 4 (3 tiles in flight already cover the L2 latency).
+  static constexpr int kStages = std::min(4, (227 * 1024 - 1024 - kQBytes) / kTileBytes);
+  static_assert(kStages >= 2, "a copy must be in flight while a tile is computed");
 
   using AtomLayout = Layout<Shape<Int<kWarpGroups>, _1, _1>>;  // warpgroups stacked along M
   // S = Q K^T: A = Q, B = K, both K-major (head dims contiguous) in shared memory.
