@@ -19,6 +19,9 @@ DEADLINE=$((SECONDS + 530))  # 8 min 50 s in all
 TEST_TIMEOUT=240             # one test program
 BENCH_TIMEOUT=120            # one bench program
 
+if [ -f .devbin/programs.tar.gz ]; then  # packed by collect.sh
+  tar -C .devbin -xzf .devbin/programs.tar.gz
+fi
 if [ ! -d .devbin/bin ]; then
   say "check: no .devbin/bin: build and collect on the build machine, then carry .devbin"
   exit 2

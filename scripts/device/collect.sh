@@ -3,7 +3,7 @@
 # need that the GPU machine may lack (OpenBLAS, gfortran, quadmath, gomp, ...), into .devbin/
 # (git-ignored), to be carried to the GPU machine. Not copied: the C/C++ runtime (the machine's
 # newer glibc and libstdc++ serve), the CUDA driver, runtime and cuBLAS (the machine has CUDA 13).
-#   bash scripts/device/collect.sh        -> .devbin/bin/*, .devbin/lib.tar.gz
+#   bash scripts/device/collect.sh        -> .devbin/programs.tar.gz (bin/*, libmlakit_c.so), .devbin/lib.tar.gz
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 BUILD=${BUILD:-build/cuda}
@@ -52,6 +52,9 @@ tar -C .devbin -czf .devbin/lib.tar.gz lib
 # The device copy of the tree has no .git: record what was built.
 echo "$(git rev-parse --short HEAD)$(git diff --quiet HEAD -- . ":(exclude).devbin" || echo "+uncommitted")" > .devbin/COMMIT
 rm -rf .devbin/lib
+# Programs and the C library packed too (about 3.5x smaller): the carry limit is 64 MiB.
+tar -C .devbin -czf .devbin/programs.tar.gz bin $([ -f .devbin/libmlakit_c.so ] && echo libmlakit_c.so)
+rm -rf .devbin/bin .devbin/libmlakit_c.so
 
 bytes=$(du -sb .devbin | cut -f1)
 echo "collect: $found programs; libraries: $(tar -tzf .devbin/lib.tar.gz | grep -c '\.so') ($(du -h .devbin/lib.tar.gz | cut -f1) packed); .devbin is $((bytes / 1024 / 1024)) MiB"

@@ -9,6 +9,7 @@ LIBDIR=/tmp/mlakit-devlib
 rm -rf "$LIBDIR" && mkdir -p "$LIBDIR" && tar -C "$LIBDIR" -xzf .devbin/lib.tar.gz
 export LD_LIBRARY_PATH="$LIBDIR/lib:/usr/local/cuda/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 SANITIZER=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
+[ -f .devbin/programs.tar.gz ] && tar -C .devbin -xzf .devbin/programs.tar.gz  # collect.sh packs them
 BIN=.devbin/bin
 echo "commit $(cat .devbin/COMMIT 2>/dev/null || echo unknown); $($SANITIZER --version | tail -n 1)"
 
