@@ -1,14 +1,14 @@
 // Device code of the wgmma prefill kernel (sm_90a; docs/kernels/prefill_cuda.md).
 //
-// Block = (192 query rows, head, request), three warpgroups of 64 rows each (wgmma_traits.cuh).
-// The Q tile [192, 192] and, per key tile of 64, K [64, k_nope 128 | k_pe 64] and V [64, 128] are
-// copied with cp.async into 128-byte-swizzled shared memory, kStages - 1 copy groups ahead of the
-// tile computed. Per tile t each warpgroup
-//   issues  S_t = Q K_t^T (wgmma m64n64k16, both operands from shared memory) and
-//           O += P_{t-1} V_{t-1} (wgmma m64n128k16, P from registers rounded to the input type, V
-//           from shared memory read as (dims, keys)), f32 accumulators;
-//   runs    the online softmax of S_t (log2 units, online_softmax.cuh) while P_{t-1} V_{t-1} is
-//           still on the tensor cores, then rescales O and converts P_t.
+// Block = (128 query rows, head, request), two warpgroups of 64 rows each. The Q tile [128, 192]
+// and, per key tile of 64, K [64, k_nope 128 | k_pe 64] and V [64, 128] are copied with cp.async
+// into 128-byte-swizzled shared memory, 3 tiles ahead of the one computed (4 stages). Per tile
+// each warpgroup runs
+//   S = Q K^T   wgmma m64n64k16, both operands from shared memory, f32 accumulators;
+//   softmax     online, in log2 units, on S's registers (online_softmax.cuh);
+//   O += P V    wgmma m64n128k16 (k = 64 keys) with P from registers (rounded to the input type)
+//   and V from
+//               shared memory read as (dims, keys).
 // Causal: key tiles wholly above the block's diagonal are skipped, tiles crossing it are masked
 // (bottom-right alignment). Takes 16-byte aligned rows with contiguous dims (PrefillParams::
 // vector_loads); other layouts run the mma.sync kernel (kernel.cuh).
@@ -31,12 +31,11 @@ __device__ __forceinline__ void fence_shared_for_wgmma() {
   asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
 }
 
-// Issues C (+)= A B over every k-block of the fragments as one wgmma batch of the warpgroup and
-// returns at once. The caller waits (warpgroup_wait<n>: at most n batches still in flight), then
-// fences C (warpgroup_fence_operand) before reading it; a register A must not change until then.
-template <bool kZeroInit, class TiledMma, class FragA, class FragB, class FragC>
-__device__ __forceinline__ void issue_gemm(TiledMma& mma, const FragA& a, const FragB& b,
-                                           FragC& c) {
+// C (+)= A B over every k-block of the fragments, as one wgmma batch of the warpgroup; returns
+// when the results are in C's registers. kARegisters: A is a register fragment (else descriptors).
+template <bool kZeroInit, bool kARegisters, class TiledMma, class FragA, class FragB, class FragC>
+__device__ __forceinline__ void warpgroup_gemm(TiledMma& mma, FragA& a, const FragB& b, FragC& c) {
+  if constexpr (kARegisters) warpgroup_fence_operand(a);
   warpgroup_fence_operand(c);
   warpgroup_arrive();
   if constexpr (kZeroInit) mma.accumulate_ = GMMA::ScaleOut::Zero;
@@ -46,6 +45,9 @@ __device__ __forceinline__ void issue_gemm(TiledMma& mma, const FragA& a, const 
     mma.accumulate_ = GMMA::ScaleOut::One;
   }
   warpgroup_commit_batch();
+  warpgroup_wait<0>();
+  warpgroup_fence_operand(c);
+  if constexpr (kARegisters) warpgroup_fence_operand(a);
 }
 
 // kRows rows of kWidth elements into a swizzled tile as 16-byte chunks (8 elements) spread over
@@ -120,14 +122,7 @@ __global__ void __launch_bounds__(T::kThreads, 1)
         sV(_, _, stage), valid,
         [&](int row) { return v + (key0 + row) * p.v_stride[0] + head * p.v_stride[1]; }, p.v);
   };
-  // Copy group g: K of tile g and V of tile g - 1 (V is consumed one tile after K: O += P V of
-  // tile t - 1 runs beside S = Q K^T of tile t), each into its tile's stage.
-  auto load_group = [&](int g) {
-    if (g < key_tiles) load_k(g, g % T::kStages);
-    if (g >= 1 && g - 1 < key_tiles) load_v(g - 1, (g - 1) % T::kStages);
-    cp_async_commit();  // possibly empty: one group per index keeps the waits below exact
-  };
-  // Prologue: Q (with group 0) and groups 0 .. kStages - 2.
+  // Prologue: Q and the first kStages - 1 tiles, one commit group per tile (Q rides with tile 0).
   if (key_tiles > 0) {
     copy_rows<kThreads, kBlockM, kHeadDimQK>(
         sQ, rows_valid,
@@ -137,7 +132,13 @@ __global__ void __launch_bounds__(T::kThreads, 1)
         p.q);
   }
 #pragma unroll
-  for (int g = 0; g < T::kStages - 1; ++g) load_group(g);
+  for (int t = 0; t < T::kStages - 1; ++t) {
+    if (t < key_tiles) {
+      load_k(t, t);
+      load_v(t, t);
+    }
+    cp_async_commit();
+  }
 
   typename T::MmaQK mma_qk;
   typename T::MmaPV mma_pv;
@@ -161,24 +162,21 @@ __global__ void __launch_bounds__(T::kThreads, 1)
   // The thread's first row in the request: warpgroup slab, warp's 16 rows, lane's row.
   const int thread_row = row0 + (threadIdx.x / 128) * 64 + (threadIdx.x % 128) / 32 * 16 + lane / 4;
   RowState rows;
-  // Tile t: S_t = Q K_t^T and O += P_{t-1} V_{t-1} are issued together; the softmax of S_t runs
-  // while the tensor cores finish P_{t-1} V_{t-1}.
   for (int t = 0; t < key_tiles; ++t) {
-    cp_async_wait<T::kStages - 2>();  // group t (K_t, V_{t-1}) landed; newer ones may be pending
+    const int stage = t % T::kStages;
+    cp_async_wait<T::kStages - 2>();  // tile t (and Q) landed: only newer groups may be pending
     fence_shared_for_wgmma();
-    // Everyone's copies of group t are visible, and everyone is done with K_{t-1} and V_{t-2},
-    // whose stages group t + kStages - 1 reuses.
+    // Everyone's copies of tile t are visible, and everyone is done with tile t - 1, whose stage
+    // the copy below reuses.
     __syncthreads();
-    load_group(t + T::kStages - 1);
-
-    issue_gemm<true>(mma_qk, tSrQ, tSrK(_, _, _, t % T::kStages), tSrS);
-    if (t > 0) {
-      issue_gemm<false>(mma_pv, tOrP, tOrV(_, _, _, (t - 1) % T::kStages), tOrO);
-      warpgroup_wait<1>();  // S_t is ready; P_{t-1} V_{t-1} may still run
-    } else {
-      warpgroup_wait<0>();
+    const int next = t + T::kStages - 1;
+    if (next < key_tiles) {
+      load_k(next, next % T::kStages);
+      load_v(next, next % T::kStages);
     }
-    warpgroup_fence_operand(tSrS);
+    cp_async_commit();  // possibly empty: keeps one group per tile for the wait above
+
+    warpgroup_gemm<true, false>(mma_qk, tSrQ, tSrK(_, _, _, stage), tSrS);
     const int key0 = t * kBlockN;
     // Masked when some key of the tile is past the first row's limit (causal) or past sk.
     const bool masked = key0 + kBlockN > keys.first_row_keys;
@@ -189,21 +187,10 @@ __global__ void __launch_bounds__(T::kThreads, 1)
     }
     float rescale[2];
     softmax_tile<kScoreTiles>(score, p.scale_log2, masked, key_limit, lane, rows, rescale);
-    warpgroup_wait<0>();  // P_{t-1} V_{t-1} is in O; P's registers may change
-    warpgroup_fence_operand(tOrO);
-    warpgroup_fence_operand(tOrP);
     rescale_rows<kOutTiles>(out, rescale);
 #pragma unroll
     for (int i = 0; i < size(tOrP); ++i) tOrP(i) = static_cast<Element>(tSrS(i));
-    warpgroup_fence_operand(tOrP);
-  }
-  if (key_tiles > 0) {  // O += P V of the last tile
-    cp_async_wait<0>();
-    fence_shared_for_wgmma();
-    __syncthreads();
-    issue_gemm<false>(mma_pv, tOrP, tOrV(_, _, _, (key_tiles - 1) % T::kStages), tOrO);
-    warpgroup_wait<0>();
-    warpgroup_fence_operand(tOrO);
+    warpgroup_gemm<false, true>(mma_pv, tOrP, tOrV(_, _, _, stage), tOrO);
   }
   cp_async_wait<0>();  // only empty groups can remain; none may outlive the block
   store_rows<Out, kOutTiles>(p, r, head, thread_row, lane, rows, out);
