@@ -1,14 +1,14 @@
 // Device code of the wgmma prefill kernel (sm_90a; docs/kernels/prefill_cuda.md).
 //
-// Block = (128 query rows, head, request), two warpgroups of 64 rows each. The Q tile [128, 192]
-// and, per key tile of 64, K [64, k_nope 128 | k_pe 64] and V [64, 128] are copied with cp.async
-// into 128-byte-swizzled shared memory, 3 tiles ahead of the one computed (4 stages). Per tile
-// each warpgroup runs
+// Block = (192 query rows, head, request), three warpgroups of 64 rows each (wgmma_traits.cuh:
+// more rows per K/V tile means less L2 traffic per FLOP). The Q tile [192, 192] and, per key tile
+// of 64, K [64, k_nope 128 | k_pe 64] and V [64, 128] are copied with cp.async into
+// 128-byte-swizzled shared memory, kStages - 1 tiles ahead of the one computed. Per tile each
+// warpgroup runs
 //   S = Q K^T   wgmma m64n64k16, both operands from shared memory, f32 accumulators;
 //   softmax     online, in log2 units, on S's registers (online_softmax.cuh);
-//   O += P V    wgmma m64n128k16 (k = 64 keys) with P from registers (rounded to the input type)
-//   and V from
-//               shared memory read as (dims, keys).
+//   O += P V    wgmma m64n128k16 (k = 64 keys), P from registers (rounded to the input type), V
+//               from shared memory read as (dims, keys).
 // Causal: key tiles wholly above the block's diagonal are skipped, tiles crossing it are masked
 // (bottom-right alignment). Takes 16-byte aligned rows with contiguous dims (PrefillParams::
 // vector_loads); other layouts run the mma.sync kernel (kernel.cuh).
