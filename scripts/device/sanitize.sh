@@ -24,6 +24,9 @@ declare -a RUNS=(
   "racecheck cuda_merge_test *"
   "racecheck cuda_prefill_test CudaPrefill.TileBoundaries"
   "racecheck decode_cuda_test MlaDecodeCuda.StridedQueryOutputAndLse"
+  "memcheck decode_cuda_test MlaDecodeCuda.SixtyFourRowTilesOverSixteenBitCaches"
+  "racecheck decode_cuda_test MlaDecodeCuda.SixtyFourRowTilesOverSixteenBitCaches"
+  "racecheck cuda_prefill_test CudaPrefill.EmptyRequestsAndRowsPastTheLastRequest"
 )
 failed=0
 for run in "${RUNS[@]}"; do
