@@ -20,6 +20,7 @@ done
 
 apps=OFF
 if compgen -G "bench/bench_gpu_*" > /dev/null; then apps=ON; fi  # benches need the apps dir
+if [ -d apps/mlakit ]; then apps=ON; targets+=(mlakit_cli); fi   # `mlakit run --device cuda`
 bash scripts/fetch_cutlass.sh
 cmake --preset cuda -DMLAKIT_BUILD_APPS=$apps > /dev/null
 echo "build_here: building ${targets[*]} (-j $JOBS)"

@@ -110,6 +110,17 @@ if [ -f .devbin/libmlakit_c.so ] && selected python; then
   say "python/tests: exit $rc ($((SECONDS - start)) s)"
 fi
 
+if [ -x .devbin/bin/mlakit ] && selected mlakit; then
+  say "== mlakit info; mlakit run --device cuda --verify (default workload, deepseek-v3 preset)"
+  start=$SECONDS
+  { .devbin/bin/mlakit info && OMP_WAIT_POLICY=passive timeout "$TEST_TIMEOUT" \
+      .devbin/bin/mlakit run --device cuda --verify --no-progress; } > /tmp/mlakit-run.log 2>&1
+  rc=$?
+  tail -n 30 /tmp/mlakit-run.log | tee -a "$LOG"
+  if [ "$rc" -ne 0 ]; then failed+=("mlakit run"); fi
+  say "mlakit run: exit $rc ($((SECONDS - start)) s)"
+fi
+
 benches=(.devbin/bin/bench_gpu_*)
 if [ -e "${benches[0]}" ]; then
   say "== GPU benches"

@@ -31,6 +31,11 @@ for source in tests/cuda/*_test.cpp bench/bench_gpu_*.cpp bench/bench_gpu_*.cu; 
   found=$((found + 1))
 done
 [ "$found" -gt 0 ] || { echo "collect: nothing to collect"; exit 1; }
+# The CLI, for `mlakit info` and `mlakit run --device cuda --verify` (check.sh), when built.
+if [ -x "$BUILD/apps/mlakit/mlakit" ]; then
+  cp "$BUILD/apps/mlakit/mlakit" .devbin/bin/mlakit
+  strip --strip-unneeded .devbin/bin/mlakit
+fi
 
 # The C library of the Python package (its torch tests run on the device too), when built:
 #   cmake --build --preset cuda --target mlakit_c
