@@ -31,25 +31,6 @@ __device__ __forceinline__ void fence_shared_for_wgmma() {
   asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
 }
 
-// C (+)= A B over every k-block of the fragments, as one wgmma batch of the warpgroup; returns
-// when the results are in C's registers. kARegisters: A is a register fragment (else descriptors).
-template <bool kZeroInit, bool kARegisters, class TiledMma, class FragA, class FragB, class FragC>
-__device__ __forceinline__ void warpgroup_gemm(TiledMma& mma, FragA& a, const FragB& b, FragC& c) {
-  if constexpr (kARegisters) warpgroup_fence_operand(a);
-  warpgroup_fence_operand(c);
-  warpgroup_arrive();
-  if constexpr (kZeroInit) mma.accumulate_ = GMMA::ScaleOut::Zero;
-#pragma unroll
-  for (int k = 0; k < size<2>(a); ++k) {
-    cute::gemm(mma, a(_, _, k), b(_, _, k), c);
-    mma.accumulate_ = GMMA::ScaleOut::One;
-  }
-  warpgroup_commit_batch();
-  warpgroup_wait<0>();
-  warpgroup_fence_operand(c);
-  if constexpr (kARegisters) warpgroup_fence_operand(a);
-}
-
 // kRows rows of kWidth elements into a swizzled tile as 16-byte chunks (8 elements) spread over
 // kThreads threads; rows >= rows_valid are zero-filled (src not read). row_src(row) is the row's
 // first element in global memory.
@@ -176,7 +157,7 @@ __global__ void __launch_bounds__(T::kThreads, 1)
     }
     cp_async_commit();  // possibly empty: keeps one group per tile for the wait above
 
-    warpgroup_gemm<true, false>(mma_qk, tSrQ, tSrK(_, _, _, stage), tSrS);
+    warpgroup_gemm(mma_qk, tSrQ, tSrK(_, _, _, stage), tSrS, false);
     const int key0 = t * kBlockN;
     // Masked when some key of the tile is past the first row's limit (causal) or past sk.
     const bool masked = key0 + kBlockN > keys.first_row_keys;
@@ -190,7 +171,7 @@ __global__ void __launch_bounds__(T::kThreads, 1)
     rescale_rows<kOutTiles>(out, rescale);
 #pragma unroll
     for (int i = 0; i < size(tOrP); ++i) tOrP(i) = static_cast<Element>(tSrS(i));
-    warpgroup_gemm<false, true>(mma_pv, tOrP, tOrV(_, _, _, stage), tOrO);
+    warpgroup_gemm<true>(mma_pv, tOrP, tOrV(_, _, _, stage), tOrO, true);
   }
   cp_async_wait<0>();  // only empty groups can remain; none may outlive the block
   store_rows<Out, kOutTiles>(p, r, head, thread_row, lane, rows, out);

@@ -7,31 +7,22 @@
 #include <algorithm>
 #include <cute/atom/mma_atom.hpp>
 #include <cute/tensor.hpp>
+#include <type_traits>
 
 #include "cuda/common/elements.cuh"
+#include "cuda/common/wgmma.cuh"
 #include "cuda/prefill/traits.cuh"
 
 namespace mlakit::cuda::prefill::wgmma {
 
 using namespace cute;
 
-template <class In>
-struct CuteElement;
-template <>
-struct CuteElement<BF16> {
-  using type = cutlass::bfloat16_t;
-};
-template <>
-struct CuteElement<F16> {
-  using type = cutlass::half_t;
-};
-
 // kWarpGroups_: query rows of a block in units of one wgmma M of 64 rows (one warpgroup each).
 // More rows share each K / V tile (less L2 traffic per FLOP) but take shared memory from the
 // copy pipeline and registers from every thread (65536 / (128 * warpgroups) per thread).
 template <class In, int kWarpGroups_ = 3>
 struct Traits {
-  using Element = typename CuteElement<In>::type;
+  using Element = CuteHalf<std::is_same_v<In, BF16>>;
   static constexpr int kWarpGroups = kWarpGroups_;
   static constexpr int kBlockM = 64 * kWarpGroups;
   static constexpr int kThreads = 128 * kWarpGroups;  // 128 threads per warpgroup

@@ -21,7 +21,9 @@
 #include <cute/atom/mma_atom.hpp>
 #include <cute/atom/mma_traits_sm90_gmma.hpp>
 #include <cute/tensor.hpp>
+#include <type_traits>
 
+#include "cuda/common/wgmma.cuh"
 #include "cuda/decode/sm90/kernel_common.cuh"
 #include "cuda/decode/sm90/params.cuh"
 #include "cuda/decode/sm90/ptx.cuh"
@@ -30,21 +32,10 @@
 
 namespace mlakit::cuda::decode_sm90 {
 
-template <class Element>
-struct CuteElement;
-template <>
-struct CuteElement<Bf16Mma> {
-  using type = cutlass::bfloat16_t;
-};
-template <>
-struct CuteElement<F16Mma> {
-  using type = cutlass::half_t;
-};
-
 // CuTe's description of WgmmaConfig's operand tiles and of the two tiled MMAs.
 template <class Cfg>
 struct WgmmaLayouts {
-  using T = typename CuteElement<typename Cfg::Element>::type;
+  using T = CuteHalf<std::is_same_v<typename Cfg::Element, Bf16Mma>>;
   using Rows = cute::Int<Cfg::kBlockM>;
   using Keys = cute::Int<kBlockN>;
   // q or K tile, (64 rows, 576 columns): the layout sw128_k_offset (traits_wgmma.cuh) spells out.
@@ -82,24 +73,6 @@ __device__ __forceinline__ auto rows_by_columns(Frag&& t) {
                 "a wgmma accumulator partition");
   return make_tensor(t.data(), make_layout(make_layout(get<0, 1>(l), get<1>(l)),
                                            make_layout(get<0, 0>(l), get<0, 2>(l), get<2>(l))));
-}
-
-// Issues one wgmma batch C (+)= A B over all k blocks of the fragments and waits for it.
-template <class Mma, class FragA, class FragB, class FragC>
-__device__ __forceinline__ void wgmma_product(Mma& mma, const FragA& a, const FragB& b, FragC& c,
-                                              bool accumulate) {
-  using namespace cute;
-  warpgroup_fence_operand(c);
-  warpgroup_arrive();
-  mma.accumulate_ = accumulate ? GMMA::ScaleOut::One : GMMA::ScaleOut::Zero;
-  CUTE_UNROLL
-  for (int k = 0; k < size<2>(a); ++k) {
-    cute::gemm(mma, a(_, _, k), b(_, _, k), c);
-    mma.accumulate_ = GMMA::ScaleOut::One;
-  }
-  warpgroup_commit_batch();
-  warpgroup_wait<0>();
-  warpgroup_fence_operand(c);
 }
 
 template <class Cfg>
@@ -175,7 +148,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     // scores
     const Tensor k_desc =
         thr_s.partition_fragment_B(make_tensor(smem_t(stage(t)), typename L::Operand{}));
-    wgmma_product(mma_s, q_desc, k_desc, acc_s, false);
+    warpgroup_gemm(mma_s, q_desc, k_desc, acc_s, false);
 
     // scale, mask, tile max of this warpgroup's keys per row
     const int tile_start = w.key_begin + t * kBlockN;
@@ -216,7 +189,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     // values
     const Tensor v_desc =
         thr_o.partition_fragment_B(make_tensor(smem_t(stage(t)), typename L::Vt{}));
-    wgmma_product(mma_o, p_desc, v_desc, acc_o, true);
+    warpgroup_gemm(mma_o, p_desc, v_desc, acc_o, true);
   }
   cp_async_wait<0>();  // no copy may outlive the CTA (only empty groups remain, but be exact)
 
