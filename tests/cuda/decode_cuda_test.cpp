@@ -197,6 +197,7 @@ void check_case(const Case& c, uint64_t stream, std::vector<int64_t> splits = {0
   for (int64_t s : splits) {
     SCOPED_TRACE(testing::Message() << "splits " << (s == 0 ? "planned" : std::to_string(s)));
     expect_matches(c, run_gpu(c, d, s), ref);
+    EXPECT_NO_THROW(ops::check_device_errors(Device::cuda(0))) << "good indices were reported";
   }
 }
 
@@ -381,6 +382,9 @@ void check_bad_indices(int64_t s_q, uint64_t stream) {
   for (int64_t s : {1, 3}) {
     SCOPED_TRACE(testing::Message() << "splits " << s);
     const Results r = run_gpu(c, d, s);
+    MLAKIT_EXPECT_THROW_MSG(ops::check_device_errors(Device::cuda(0)),
+                            "mla_decode: a seq_lens value was outside");
+    EXPECT_NO_THROW(ops::check_device_errors(Device::cuda(0))) << "the word was not cleared";
     const std::vector<double> out = test::to_doubles(r.out), lse = test::to_doubles(r.lse);
     for (int64_t i = row * kRank; i < 3 * row * kRank; ++i) ASSERT_TRUE(std::isnan(out[i])) << i;
     for (int64_t i = row; i < 3 * row; ++i) ASSERT_TRUE(std::isnan(lse[i])) << i;

@@ -303,6 +303,7 @@ inline int max(int a, int b) { return a > b ? a : b; }
 // The library's launch plan lives in mlakit::cuda::decode_sm90; the kernel headers below compile
 // into decode_sm90_emulated instead, so that their host-compiled functions cannot clash (or be
 // merged by the linker) with the library's kernel stubs of the same names.
+#include "cuda/common/device_errors.hpp"
 #include "cuda/decode/sm90/launch_plan.hpp"
 #include "cuda/decode/sm90/params.cuh"
 namespace mlakit::cuda::decode_sm90_emulated {
@@ -338,6 +339,8 @@ void cp_async_wait() {
 inline void ldmatrix_x4(uint32_t (&r)[4], uint32_t addr) { emu::ldmatrix(r, addr, false); }
 inline void ldmatrix_x4_trans(uint32_t (&r)[4], uint32_t addr) { emu::ldmatrix(r, addr, true); }
 inline float fast_exp2(float x) { return std::exp2(x); }
+// The CTAs run one after another on one thread: a plain OR is the atomic.
+inline void report_bad_index(uint32_t* error_word) { *error_word |= kDecodeBadIndex; }
 inline uint32_t e4m3x2_to_f16x2(uint16_t two) {
   const __half2_raw h =
       __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(two), __NV_E4M3);
@@ -428,8 +431,11 @@ void run_decode_format(const cuda::decode_sm90::LaunchPlan& plan) {
 }
 
 // The launch sequence of cuda::mla_decode, emulated: plan (the library's), decode, combine.
-void emulate(const cpu::DecodeProblem& problem, const DecodeSchedule& schedule) {
-  const cuda::decode_sm90::LaunchPlan plan = cuda::decode_sm90::plan_launch(problem, schedule);
+// Returns the error word the kernels set.
+uint32_t emulate(const cpu::DecodeProblem& problem, const DecodeSchedule& schedule) {
+  cuda::decode_sm90::LaunchPlan plan = cuda::decode_sm90::plan_launch(problem, schedule);
+  uint32_t error_word = 0;
+  plan.decode.error_word = &error_word;
   switch (plan.format) {
     case sm90::CacheFormat::kNative:
       run_decode_format<sm90::CacheFormat::kNative>(plan);
@@ -443,11 +449,13 @@ void emulate(const cpu::DecodeProblem& problem, const DecodeSchedule& schedule) 
   }
   if (plan.combine_ctas > 0)
     run_grid(sm90::mla_decode_combine_kernel, plan.combine, plan.combine_ctas);
+  return error_word;
 }
 
 struct Outputs {
   Tensor out_storage, lse_storage, workspace;
   TensorView out, lse;
+  uint32_t error_word = 0;  // the device error word after the launch
 };
 
 // The op's argument bundle, as src/ops/decode.cpp's validation builds it.
@@ -478,7 +486,7 @@ Outputs run_emulated(const Case& c, const HostInputs& in, int64_t splits) {
   p.score_scale =
       kDeepSeekScale * (is_fp8(c.q_dtype) ? c.q_scale : 1.0f) * (fp8_values ? c.k_scale : 1.0f);
   p.value_scale = fp8_values ? c.k_scale : 1.0f;
-  emulate(p, s);
+  o.error_word = emulate(p, s);
   return o;
 }
 
@@ -491,6 +499,7 @@ void check_case(const Case& c, uint64_t stream, std::vector<int64_t> splits) {
   for (int64_t s : splits) {
     SCOPED_TRACE(testing::Message() << "splits " << s);
     const Outputs o = run_emulated(c, in, s);
+    EXPECT_EQ(o.error_word, 0u) << "good indices must not be reported";
     EXPECT_TRUE(test::all_close(o.out, kernel_ref.out, out_tolerance(c))) << "out vs oracle";
     EXPECT_TRUE(test::all_close(o.lse, kernel_ref.lse, kLseTolerance)) << "lse vs oracle";
     EXPECT_LT(cos_diff(test::to_doubles(o.out), exact_ref.out), cos_bar(c));
@@ -612,6 +621,7 @@ TEST(MlaDecodeEmulated, BadIndicesGiveNanRows) {
   for (int64_t s : {1, 2}) {
     SCOPED_TRACE(testing::Message() << "splits " << s);
     const Outputs o = run_emulated(c, in, s);
+    EXPECT_EQ(o.error_word, uint32_t{cuda::kDecodeBadIndex});
     const std::vector<double> out = test::to_doubles(o.out), lse = test::to_doubles(o.lse);
     for (int64_t i = row * kRank; i < 4 * row * kRank; ++i) ASSERT_TRUE(std::isnan(out[i])) << i;
     for (int64_t i = row; i < 4 * row; ++i) ASSERT_TRUE(std::isnan(lse[i])) << i;

@@ -301,7 +301,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     if (tq == 0) row_sum_part[key_group * Cfg::kBlockM + score_row[h]] = l;
     if (tq == 0 && key_group == 0) max_final[score_row[h]] = m_run[h];
   }
-  bad = __syncthreads_or(bad) != 0;
+  bad = cta_saw_bad_index(p, bad);
 
 #pragma unroll
   for (int mt = 0; mt < Cfg::kRowTiles; ++mt) {

@@ -254,6 +254,14 @@ __device__ __forceinline__ void store_pair(void* base, int64_t offset, RuntimeDT
   }
 }
 
+// True for every thread of the CTA when any of them met a bad seq_len or block id (a barrier);
+// one thread then records it in the device error word.
+__device__ __forceinline__ bool cta_saw_bad_index(const DecodeKernelParams& p, bool bad) {
+  const bool any = __syncthreads_or(bad) != 0;
+  if (any && threadIdx.x == 0) report_bad_index(p.error_word);
+  return any;
+}
+
 // Where the values of one finished row go and the factor that normalizes them; base == nullptr:
 // the row's values are not written (a -inf partial, which the combine skips without reading).
 struct RowSink {

@@ -102,20 +102,19 @@ __global__ void __launch_bounds__(kThreads, 1)
   typename L::MmaO mma_o;
   const auto thr_s = mma_s.get_thread_slice(tid);
   const auto thr_o = mma_o.get_thread_slice(tid);
-  const Tensor sP = make_tensor(smem_t(smem + Cfg::kPOffset), typename L::P{});  // (64, 64)
-  const Tensor q_desc =  // (MMA, 1, 36 k blocks)
+  const auto sP = make_tensor(smem_t(smem + Cfg::kPOffset), typename L::P{});  // (64, 64)
+  const auto q_desc =  // (MMA, 1, 36 k blocks)
       thr_s.partition_fragment_A(make_tensor(smem_t(smem + Cfg::kQOffset), typename L::Operand{}));
-  const Tensor p_desc = thr_o.partition_fragment_A(sP);  // (MMA, 1, 4 k blocks)
-  Tensor acc_s =
-      partition_fragment_C(mma_s, Shape<typename L::Rows, typename L::Keys>{});       // 16 f32
-  Tensor acc_o = partition_fragment_C(mma_o, Shape<typename L::Rows, Int<kDimV>>{});  // 128 f32
+  const auto p_desc = thr_o.partition_fragment_A(sP);  // (MMA, 1, 4 k blocks)
+  auto acc_s = partition_fragment_C(mma_s, Shape<typename L::Rows, typename L::Keys>{});  // 16 f32
+  auto acc_o = partition_fragment_C(mma_o, Shape<typename L::Rows, Int<kDimV>>{});        // 128 f32
   clear(acc_o);
   // Registers as (2 rows, columns), with the (row, column) each holds.
-  Tensor s = rows_by_columns(acc_s);
-  Tensor o = rows_by_columns(acc_o);
-  const Tensor s_coord = rows_by_columns(
+  auto s = rows_by_columns(acc_s);
+  auto o = rows_by_columns(acc_o);
+  const auto s_coord = rows_by_columns(
       thr_s.partition_C(make_identity_tensor(Shape<typename L::Rows, typename L::Keys>{})));
-  const Tensor o_coord = rows_by_columns(
+  const auto o_coord = rows_by_columns(
       thr_o.partition_C(make_identity_tensor(Shape<typename L::Rows, Int<kDimV>>{})));
   static_assert(decltype(size<0>(s))::value == 2 && decltype(size<0>(o))::value == 2,
                 "each thread holds two rows of S and O");
@@ -146,7 +145,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     continue_copies<Cfg>(p, w, t, stage, next_pages, bad);  // into stage (t + 1) % 2, now free
 
     // scores
-    const Tensor k_desc =
+    const auto k_desc =
         thr_s.partition_fragment_B(make_tensor(smem_t(stage(t)), typename L::Operand{}));
     warpgroup_gemm(mma_s, q_desc, k_desc, acc_s, false);
 
@@ -187,8 +186,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     __syncthreads();             // (3) P is complete
 
     // values
-    const Tensor v_desc =
-        thr_o.partition_fragment_B(make_tensor(smem_t(stage(t)), typename L::Vt{}));
+    const auto v_desc = thr_o.partition_fragment_B(make_tensor(smem_t(stage(t)), typename L::Vt{}));
     warpgroup_gemm(mma_o, p_desc, v_desc, acc_o, true);
   }
   cp_async_wait<0>();  // no copy may outlive the CTA (only empty groups remain, but be exact)
@@ -199,7 +197,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     const float l = quad_sum(l_run[h]);
     if (quad_leader) row_sum_part[warpgroup * Cfg::kBlockM + local_row[h]] = l;
   }
-  bad = __syncthreads_or(bad) != 0;
+  bad = cta_saw_bad_index(p, bad);
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     const int row = w.row0 + local_row[h];

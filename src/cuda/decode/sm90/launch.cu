@@ -7,6 +7,7 @@
 #include <limits>
 
 #include "core/check.hpp"
+#include "cuda/common/device_errors.hpp"
 #include "cuda/decode/decode.hpp"
 #include "cuda/decode/schedule.hpp"
 #include "cuda/decode/sm90/combine.cuh"
@@ -242,9 +243,10 @@ LaunchPlan plan_launch(const cpu::DecodeProblem& problem, const DecodeSchedule& 
 }  // namespace decode_sm90
 
 void mla_decode(const cpu::DecodeProblem& problem, const DecodeSchedule& schedule, Stream stream) {
-  const LaunchPlan plan = plan_launch(problem, schedule);
+  LaunchPlan plan = plan_launch(problem, schedule);
   if (plan.decode_ctas == 0) return;
   DeviceGuard guard(problem.q.device.index);
+  plan.decode.error_word = device_error_word(kOp);
   const auto cuda_stream = static_cast<cudaStream_t>(stream.handle);
   switch (plan.format) {
     case CacheFormat::kNative:

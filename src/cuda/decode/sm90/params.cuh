@@ -55,6 +55,10 @@ struct DecodeKernelParams {
 
   float score_scale_log2;  // softmax scale * q_scale (fp8 q) * k_scale (fp8_e4m3) * log2(e)
   float value_scale;       // k_scale for fp8_e4m3 caches, else 1
+
+  // Per-device error word (cuda/common/device_errors.hpp): a CTA that met a bad seq_len or block
+  // id sets kDecodeBadIndex (besides writing NaN rows).
+  uint32_t* error_word;
 };
 
 struct CombineParams {

@@ -13,7 +13,14 @@
 
 #include <cstdint>
 
+#include "cuda/common/device_errors.hpp"
+
 namespace mlakit::cuda::decode_sm90 {
+
+// Records in the device error word that a CTA met a bad seq_len or block id.
+__device__ __forceinline__ void report_bad_index(uint32_t* error_word) {
+  atomicOr(error_word, kDecodeBadIndex);
+}
 
 __device__ __forceinline__ uint32_t smem_addr(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
