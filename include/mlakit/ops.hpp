@@ -138,8 +138,8 @@ void fill_zero(const TensorView& dst, Stream stream = {});
 // and recorded in a per-device error word. check_device_errors waits for `stream`, then throws
 // Error(kOutOfRange) naming every kind of bad index recorded on `device` since the last call, and
 // clears the record. Call it where a synchronization is fine (a step end, after a graph replay).
-// A no-op for the CPU, whose ops check indices on the host and throw at once. mla_decode does not
-// record: a bad block id or seq_len turns the affected output rows into NaN.
+// A no-op for the CPU, whose ops check indices on the host and throw at once. mla_decode also
+// turns the output rows of a request with a bad block id or seq_len into NaN.
 void check_device_errors(Device device, Stream stream = {});
 
 // ---- GEMMs (BLAS on CPU, cuBLAS on GPU)
