@@ -13,6 +13,12 @@ namespace mlakit::cuda {
 template <bool kBf16>
 using CuteHalf = std::conditional_t<kBf16, cutlass::bfloat16_t, cutlass::half_t>;
 
+// Orders this thread's earlier generic-proxy writes to shared memory (stores, landed cp.async
+// copies) before later async-proxy reads (wgmma operands); a barrier then publishes them.
+__device__ __forceinline__ void fence_shared_for_wgmma() {
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+}
+
 // C = A B (accumulate: C += A B) over every k-block of the fragments, as one wgmma batch of the
 // warpgroup; returns when the results are in C's registers. kARegisters: A is a register
 // fragment (its registers are fenced too), else shared-memory descriptors.

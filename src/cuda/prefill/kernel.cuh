@@ -248,10 +248,9 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm)
 #pragma unroll
     for (int h = 0; h < 2; ++h)
       key_limit[h] = row_key_limit(r, keys, p.causal, warp_row + 8 * h, key0);
-    float rescale[2];
-    softmax_tile<kScoreTiles>([&](int j, int i) -> float& { return score[j][i]; }, p.scale_log2,
-                              masked, key_limit, lane, rows, rescale);
-    rescale_rows<kOutTiles>([&](int j, int i) -> float& { return out[j][i]; }, rescale);
+    softmax_tile<kScoreTiles, kOutTiles>([&](int j, int i) -> float& { return score[j][i]; },
+                                         p.scale_log2, masked, key_limit, lane, rows,
+                                         [&](int j, int i) -> float& { return out[j][i]; });
     accumulate_pv<In>(s, stage, lane, score, out);
     __syncthreads();  // the next iteration's copy overwrites this stage
   }

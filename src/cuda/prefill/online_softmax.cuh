@@ -25,13 +25,11 @@ struct RowState {
 
 // Online softmax of one key tile of kScoreTiles n8 tiles. score: raw Q K^T; on return,
 // probabilities 2^(score * scale_log2 - row max). key_limit[h]: keys of the tile (counted from its
-// first) row h sees; masking only when `masked`. rescale[h]: the factor by which row h's O must be
-// multiplied (2^(old max - new max)); rescale_rows applies it, which a kernel may delay until its
-// O is no longer being accumulated.
-template <int kScoreTiles, class ScoreAt>
+// first) row h sees; masking only when `masked`. The kOutTiles tiles of O are rescaled.
+template <int kScoreTiles, int kOutTiles, class ScoreAt, class OutAt>
 __device__ __forceinline__ void softmax_tile(ScoreAt&& score, float scale_log2, bool masked,
                                              const int (&key_limit)[2], int lane, RowState& rows,
-                                             float (&rescale)[2]) {
+                                             OutAt&& out) {
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     float tile_max = -INFINITY;
@@ -48,7 +46,7 @@ __device__ __forceinline__ void softmax_tile(ScoreAt&& score, float scale_log2, 
     const float new_max = fmaxf(rows.max[h], quad_max(tile_max));
     // A row that has seen only masked keys keeps max -inf; subtracting 0 then gives 2^-inf = 0.
     const float base = new_max == -INFINITY ? 0.0f : new_max;
-    rescale[h] = exp2f(rows.max[h] - base);  // 0 on the first tile (-inf - base)
+    const float rescale = exp2f(rows.max[h] - base);  // 0 on the first tile (-inf - base)
     rows.max[h] = new_max;
     float sum = 0.0f;
 #pragma unroll
@@ -60,17 +58,12 @@ __device__ __forceinline__ void softmax_tile(ScoreAt&& score, float scale_log2, 
         sum += prob;
       }
     }
-    rows.sum[h] = rows.sum[h] * rescale[h] + sum;  // per-lane partial; the quad sums at the end
-  }
-}
-
-// O's rows h = 0, 1 times rescale[h] (kOutTiles n8 tiles).
-template <int kOutTiles, class OutAt>
-__device__ __forceinline__ void rescale_rows(OutAt&& out, const float (&rescale)[2]) {
+    rows.sum[h] = rows.sum[h] * rescale + sum;  // per-lane partial; the quad sums at the end
 #pragma unroll
-  for (int j = 0; j < kOutTiles; ++j) {
-#pragma unroll
-    for (int i = 0; i < 4; ++i) out(j, i) *= rescale[i / 2];
+    for (int j = 0; j < kOutTiles; ++j) {
+      out(j, 2 * h) *= rescale;
+      out(j, 2 * h + 1) *= rescale;
+    }
   }
 }
 

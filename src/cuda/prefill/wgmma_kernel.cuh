@@ -25,12 +25,6 @@
 
 namespace mlakit::cuda::prefill::wgmma {
 
-// Orders this thread's completed cp.async writes to shared memory before later reads by the
-// async proxy (the wgmma operand fetch); a barrier then publishes them to the other threads.
-__device__ __forceinline__ void fence_shared_for_wgmma() {
-  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-}
-
 // kRows rows of kWidth elements into a swizzled tile as 16-byte chunks (8 elements) spread over
 // kThreads threads; rows >= rows_valid are zero-filled (src not read). row_src(row) is the row's
 // first element in global memory.
@@ -82,7 +76,7 @@ __global__ void __launch_bounds__(T::kThreads, 1)
   const auto* k_pe = static_cast<const Element*>(p.k_pe);
   const auto* v = static_cast<const Element*>(p.v);
   // Tile t's K rows / V rows into `stage` (keys past the request are zero: 0 * NaN is NaN).
-  auto load_k = [&](int t, int stage) {
+  auto load_tile = [&](int t, int stage) {
     const int64_t key0 = r.k_begin + int64_t{t} * kBlockN;
     const int valid = min(kBlockN, r.sk - t * kBlockN);
     auto k_tile = sK(_, _, stage);
@@ -95,10 +89,6 @@ __global__ void __launch_bounds__(T::kThreads, 1)
     copy_rows<kThreads, kBlockN, kRope>(
         [&](int row, int col) -> Element& { return k_tile(row, kNope + col); }, valid,
         [&](int row) { return k_pe + (key0 + row) * p.k_pe_stride[0]; }, p.k_pe);
-  };
-  auto load_v = [&](int t, int stage) {
-    const int64_t key0 = r.k_begin + int64_t{t} * kBlockN;
-    const int valid = min(kBlockN, r.sk - t * kBlockN);
     copy_rows<kThreads, kBlockN, kHeadDimV>(
         sV(_, _, stage), valid,
         [&](int row) { return v + (key0 + row) * p.v_stride[0] + head * p.v_stride[1]; }, p.v);
@@ -114,10 +104,7 @@ __global__ void __launch_bounds__(T::kThreads, 1)
   }
 #pragma unroll
   for (int t = 0; t < T::kStages - 1; ++t) {
-    if (t < key_tiles) {
-      load_k(t, t);
-      load_v(t, t);
-    }
+    if (t < key_tiles) load_tile(t, t);
     cp_async_commit();
   }
 
@@ -151,10 +138,7 @@ __global__ void __launch_bounds__(T::kThreads, 1)
     // the copy below reuses.
     __syncthreads();
     const int next = t + T::kStages - 1;
-    if (next < key_tiles) {
-      load_k(next, next % T::kStages);
-      load_v(next, next % T::kStages);
-    }
+    if (next < key_tiles) load_tile(next, next % T::kStages);
     cp_async_commit();  // possibly empty: keeps one group per tile for the wait above
 
     warpgroup_gemm(mma_qk, tSrQ, tSrK(_, _, _, stage), tSrS, false);
@@ -166,9 +150,7 @@ __global__ void __launch_bounds__(T::kThreads, 1)
     for (int h = 0; h < 2; ++h) {
       key_limit[h] = row_key_limit(r, keys, p.causal, thread_row + 8 * h, key0);
     }
-    float rescale[2];
-    softmax_tile<kScoreTiles>(score, p.scale_log2, masked, key_limit, lane, rows, rescale);
-    rescale_rows<kOutTiles>(out, rescale);
+    softmax_tile<kScoreTiles, kOutTiles>(score, p.scale_log2, masked, key_limit, lane, rows, out);
 #pragma unroll
     for (int i = 0; i < size(tOrP); ++i) tOrP(i) = static_cast<Element>(tSrS(i));
     warpgroup_gemm<true>(mma_pv, tOrP, tOrV(_, _, _, stage), tOrO, true);

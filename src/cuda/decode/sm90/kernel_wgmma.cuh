@@ -140,7 +140,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 
   for (int t = 0; t < w.num_tiles; ++t) {
     cp_async_wait<Cfg::kTilesAhead - 1>();  // this thread's copies of tile t have landed
-    fence_proxy_async_shared();             // its copies and q stores become visible to wgmma
+    fence_shared_for_wgmma();               // its copies and q stores become visible to wgmma
     __syncthreads();  // (1) everyone's have; tile t - 1 and P are no longer read by anyone
     continue_copies<Cfg>(p, w, t, stage, next_pages, bad);  // into stage (t + 1) % 2, now free
 
@@ -182,8 +182,8 @@ __global__ void __launch_bounds__(kThreads, 1)
             Cfg::Element::pack(p0, p1);
       }
     }
-    fence_proxy_async_shared();  // this thread's P stores become visible to wgmma
-    __syncthreads();             // (3) P is complete
+    fence_shared_for_wgmma();  // this thread's P stores become visible to wgmma
+    __syncthreads();           // (3) P is complete
 
     // values
     const auto v_desc = thr_o.partition_fragment_B(make_tensor(smem_t(stage(t)), typename L::Vt{}));

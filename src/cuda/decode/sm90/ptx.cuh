@@ -1,6 +1,5 @@
 // PTX wrappers the sm90 decode is built from: cp.async copies, ldmatrix fragment loads, the
-// m16n8k16 tensor-core MMA in bf16 and f16, the async-proxy fence (wgmma kernel; its MMAs come
-// from CuTe), ex2, and fp8 e4m3 -> 16-bit conversion.
+// m16n8k16 tensor-core MMA in bf16 and f16, ex2, and fp8 e4m3 -> 16-bit conversion.
 //
 // A classic include guard instead of #pragma once: tests/cuda/decode_emulated_test.cpp defines it
 // and supplies host versions of these functions, to run the kernel source on the CPU.
@@ -53,12 +52,6 @@ __device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], uint32_t add
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
                : "r"(addr));
-}
-
-// Orders this thread's earlier generic-proxy writes to shared memory (stores, landed cp.async
-// copies) before later async-proxy reads (wgmma operands); a barrier then publishes them.
-__device__ __forceinline__ void fence_proxy_async_shared() {
-  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
 }
 
 // 2^x with the SFU (max relative error 2^-22); 2^-inf = +0.
