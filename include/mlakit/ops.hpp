@@ -10,6 +10,7 @@
 
 #include <cstdint>
 #include <optional>
+#include <span>
 
 #include "mlakit/config.hpp"
 #include "mlakit/plan.hpp"
@@ -92,7 +93,7 @@ struct DecodeParams {
 // seq_lens:         i32 [B]
 // out:              [B, s_q, N, L]  f32, f16 or bf16
 // lse_tokens_heads: f32 [B, s_q, N]
-// schedule:         plan_decode_splits(seq_lens, block_size, workers) of the same seq_lens
+// schedule:         plan_mla_decode(...) for the same batch (below)
 // split_workspace:  f32 with >= mla_decode_workspace_elems(...) elements (partials of the splits)
 void mla_decode(const TensorView& q, const TensorView& kv_cache, const TensorView& block_table,
                 const TensorView& seq_lens, const TensorView& out,
@@ -101,6 +102,22 @@ void mla_decode(const TensorView& q, const TensorView& kv_cache, const TensorVie
                 Stream stream = {});
 int64_t mla_decode_workspace_elems(const DecodeSchedule& schedule, int64_t s_q, int64_t num_heads,
                                    int64_t kv_lora_rank);
+// The split-KV schedule of one mla_decode call, chosen by the backend of `device`: the one place
+// where the caller (e.g. the MlaAttention orchestrator) asks a backend how to cut the keys.
+struct DecodePlanShape {
+  Device device{};               // where the decode runs
+  int64_t batch = 0;             // B
+  int64_t s_q = 1;               // queries per request
+  int64_t num_heads = 0;         // N
+  int64_t block_size = 0;        // tokens per cache block
+  int64_t max_seq_len = 0;       // bound on every seq_len, e.g. block_table width x block_size
+  bool batch_invariant = false;  // a request's splits depend on its own seq_len only
+};
+// seq_lens: host copy of the [B] lengths. The CPU plans from them (they must then be the values
+// the decode will read); the GPU schedule depends on the shape only (seq_lens may be empty), so a
+// captured CUDA graph serves any lengths up to max_seq_len.
+DecodeSchedule plan_mla_decode(const DecodePlanShape& shape, std::span<const int32_t> seq_lens);
+
 // Convenience form for host tensors: plans the splits and allocates the workspace itself.
 void mla_decode(const TensorView& q, const TensorView& kv_cache, const TensorView& block_table,
                 const TensorView& seq_lens, const TensorView& out,

@@ -67,9 +67,11 @@ struct DecodeSchedule {
   int64_t num_splits(int64_t b) const { return split_offsets[b + 1] - split_offsets[b]; }
 };
 // seq_lens: [B] keys per decode request. Splits are sized so that about `num_workers` * a small
-// factor pieces of equal length exist, never shorter than one block.
+// factor pieces of equal length exist, never shorter than one block. With batch_invariant, every
+// request is cut into pieces of one fixed length (1024 keys rounded up to whole blocks), so its
+// splits, and with them its output bits, do not depend on the other requests of the batch.
 DecodeSchedule plan_decode_splits(std::span<const int32_t> seq_lens, int64_t block_size,
-                                  int64_t num_workers);
+                                  int64_t num_workers, bool batch_invariant = false);
 
 // ---- The whole plan of one forward step ---------------------------------------------------------
 struct BatchDesc {

@@ -6,14 +6,9 @@
 #include "attention/arena.hpp"
 #include "attention/decode_runs.hpp"
 #include "core/check.hpp"
-#include "cpu/parallel.hpp"
 #include "mlakit/attention.hpp"
 #include "mlakit/kv_cache.hpp"
 #include "mlakit/ops.hpp"
-
-#ifdef MLAKIT_WITH_CUDA
-#include "cuda/decode/schedule.hpp"
-#endif
 
 namespace mlakit {
 
@@ -37,26 +32,6 @@ void validate_config(const MlaAttentionConfig& c) {
           " and ", c.max_num_seqs);
   KvCacheSpec spec{c.dims, c.kv_cache_dtype, c.act_dtype, c.block_size, 0};
   spec.validate();
-}
-
-// Parallel workers the decode split schedule targets: CPU threads; one per device otherwise (the
-// CUDA backend sizes its own grid).
-int64_t num_workers(Device device) { return device.is_cpu() ? cpu::num_threads() : 1; }
-
-// The split-KV schedule of a decode run of requests with `lens` keys and q_len queries each. CPU:
-// planned from the lengths. GPU: a uniform, shape-only schedule (cuda/decode/schedule.hpp) bounded
-// by the block table, so that a captured graph stays valid for other lengths.
-DecodeSchedule decode_schedule(const MlaAttentionConfig& c, std::span<const int32_t> lens,
-                               int64_t q_len, int64_t block_table_width) {
-  if (c.device.is_cpu()) return plan_decode_splits(lens, c.block_size, cpu::num_threads());
-#ifdef MLAKIT_WITH_CUDA
-  return cuda::plan_decode_splits_cuda(static_cast<int64_t>(lens.size()), q_len, c.dims.num_heads,
-                                       block_table_width * c.block_size, c.device);
-#else
-  (void)q_len;
-  (void)block_table_width;
-  detail::unsupported_device(kOp, c.device);
-#endif
 }
 
 // Every host index array the kernels of one step read, concatenated: the CPU backend reads this
@@ -213,7 +188,7 @@ Plan MlaAttention::plan(const ForwardBatch& batch) const {
   pc.query_len_support = c.query_len_support;
   pc.workspace_tokens = state_->workspace_tokens;
   pc.chunk_policy = c.chunk_policy;
-  pc.num_workers = num_workers(c.device);
+  pc.num_workers = 1;  // Plan::decode_schedule is informative; forward asks the backend (below)
   BatchDesc desc{batch.query_start_loc, batch.seq_lens, batch.num_actual_tokens,
                  batch.block_table.ndim == 2 ? batch.block_table.shape[1] : 0};
   return make_plan(desc, pc);
@@ -310,11 +285,10 @@ void MlaAttention::forward(const TensorView& q, const TensorView& kv_c_normed,
   const detail::DecodeRuns runs = detail::decode_runs(
       plan, batch->query_start_loc, batch->seq_lens,
       [&](std::span<const int32_t> lens, int64_t q_len) {
-        // The planner already scheduled all decodes for the CPU: reuse it for the one-run case.
-        const bool all_decodes = lens.data() == batch->seq_lens.data() &&
-                                 lens.size() == plan.decode_schedule.split_len.size();
-        if (c.device.is_cpu() && all_decodes) return plan.decode_schedule;
-        return decode_schedule(c, lens, q_len, batch->block_table.shape[1]);
+        const ops::DecodePlanShape shape{
+            c.device,     static_cast<int64_t>(lens.size()),          q_len, d.num_heads,
+            c.block_size, batch->block_table.shape[1] * c.block_size, false};
+        return ops::plan_mla_decode(shape, lens);
       });
 
   // Size the workspace with the same carving code that uses it.

@@ -114,11 +114,10 @@ DType ds_mla_rope_dtype(const TensorView& q, const TensorView& out) {
 }
 
 // Everything that does not need the contents of device tensors; returns the kernel's arguments.
-cpu::DecodeProblem validate(const TensorView& q, const TensorView& kv_cache,
-                            const TensorView& block_table, const TensorView& seq_lens,
-                            const TensorView& out, const TensorView& lse,
-                            const DecodeParams& params, const DecodeSchedule& schedule,
-                            const TensorView& workspace) {
+DecodeProblem validate(const TensorView& q, const TensorView& kv_cache,
+                       const TensorView& block_table, const TensorView& seq_lens,
+                       const TensorView& out, const TensorView& lse, const DecodeParams& params,
+                       const DecodeSchedule& schedule, const TensorView& workspace) {
   for (const auto& [name, t] : {std::pair<const char*, const TensorView*>{"q", &q},
                                 {"kv_cache", &kv_cache},
                                 {"block_table", &block_table},
@@ -177,7 +176,7 @@ cpu::DecodeProblem validate(const TensorView& q, const TensorView& kv_cache,
           " f32 elements (total_splits x s_q x num_heads x (kv_lora_rank + 1)), got ",
           workspace.numel());
 
-  cpu::DecodeProblem p;
+  DecodeProblem p;
   p.q = q;
   p.kv_cache = kv_cache;
   p.block_table = block_table;
@@ -198,7 +197,7 @@ cpu::DecodeProblem validate(const TensorView& q, const TensorView& kv_cache,
 }
 
 // Contents of the index tensors, for backends whose index tensors the host can read.
-void validate_indices_host(const cpu::DecodeProblem& p, const DecodeSchedule& schedule) {
+void validate_indices_host(const DecodeProblem& p, const DecodeSchedule& schedule) {
   const int64_t block_size = p.kv_cache.size(1);
   check_seq_lens_host(p.seq_lens, p.block_table.size(1), block_size);
   check_schedule_host(schedule, p.seq_lens, block_size);
@@ -229,8 +228,8 @@ void mla_decode(const TensorView& q, const TensorView& kv_cache, const TensorVie
                                                     {"out", &out},
                                                     {"lse_tokens_heads", &lse_tokens_heads},
                                                     {"split_workspace", &split_workspace}});
-  const cpu::DecodeProblem problem = validate(q, kv_cache, block_table, seq_lens, out,
-                                              lse_tokens_heads, params, schedule, split_workspace);
+  const DecodeProblem problem = validate(q, kv_cache, block_table, seq_lens, out, lse_tokens_heads,
+                                         params, schedule, split_workspace);
 #ifdef MLAKIT_WITH_CUDA
   // Index contents stay on the device (no host sync): the kernel guards them itself.
   if (device.is_cuda()) {

@@ -4,6 +4,8 @@
 // length (rounded up to whole blocks, never below kMinSplitTokens), then every request's length is
 // re-divided into equal whole-block pieces so that its last piece is not a sliver. Long requests
 // get many splits, short ones one; a batch with many requests gets one split per request.
+// Batch-invariant schedules use one fixed piece length instead, so that a request's splits depend
+// on its own length only.
 #include <algorithm>
 #include <cstdint>
 #include <limits>
@@ -25,6 +27,10 @@ constexpr int64_t kPiecesPerWorker = 4;
 // 576 values) plus a partial result of s_q * N * 513 floats; 64 keys of work amortize that to a few
 // percent, and 64 is the CPU kernel's key tile, so a shorter piece would leave its tile part empty.
 constexpr int64_t kMinSplitTokens = 64;
+// Piece length of batch-invariant schedules: long enough that a split's fixed cost (one pass over
+// the queries, one partial row) stays a few percent of its 1024 keys, short enough that a 4096-key
+// request still spreads over 4 workers.
+constexpr int64_t kBatchInvariantSplitTokens = 1024;
 
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 int64_t round_up(int64_t a, int64_t multiple) { return ceil_div(a, multiple) * multiple; }
@@ -32,7 +38,7 @@ int64_t round_up(int64_t a, int64_t multiple) { return ceil_div(a, multiple) * m
 }  // namespace
 
 DecodeSchedule plan_decode_splits(std::span<const int32_t> seq_lens, int64_t block_size,
-                                  int64_t num_workers) {
+                                  int64_t num_workers, bool batch_invariant) {
   constexpr const char* kOp = "plan_decode_splits";
   // A worker count beyond 2^20 is no machine; it bounds the piece count so no product overflows.
   constexpr int64_t kMaxWorkers = int64_t{1} << 20;
@@ -51,8 +57,11 @@ DecodeSchedule plan_decode_splits(std::span<const int32_t> seq_lens, int64_t blo
   }
 
   const int64_t target_pieces = kPiecesPerWorker * num_workers;
-  const int64_t piece_len = round_up(
-      std::max({ceil_div(total_tokens, target_pieces), kMinSplitTokens, int64_t{1}}), block_size);
+  const int64_t piece_len =
+      batch_invariant
+          ? round_up(kBatchInvariantSplitTokens, block_size)
+          : round_up(std::max({ceil_div(total_tokens, target_pieces), kMinSplitTokens, int64_t{1}}),
+                     block_size);
 
   DecodeSchedule schedule;
   schedule.split_offsets.assign(batch + 1, 0);

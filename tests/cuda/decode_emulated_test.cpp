@@ -432,7 +432,7 @@ void run_decode_format(const cuda::decode_sm90::LaunchPlan& plan) {
 
 // The launch sequence of cuda::mla_decode, emulated: plan (the library's), decode, combine.
 // Returns the error word the kernels set.
-uint32_t emulate(const cpu::DecodeProblem& problem, const DecodeSchedule& schedule) {
+uint32_t emulate(const DecodeProblem& problem, const DecodeSchedule& schedule) {
   cuda::decode_sm90::LaunchPlan plan = cuda::decode_sm90::plan_launch(problem, schedule);
   uint32_t error_word = 0;
   plan.decode.error_word = &error_word;
@@ -470,7 +470,7 @@ Outputs run_emulated(const Case& c, const HostInputs& in, int64_t splits) {
   o.workspace = test::nan_tensor(
       {std::max<int64_t>(1, ops::mla_decode_workspace_elems(s, c.s_q, c.heads, kRank))},
       DType::kF32);
-  cpu::DecodeProblem p;
+  DecodeProblem p;
   p.q = in.q;
   p.kv_cache = in.cache;
   p.block_table = in.block_table;

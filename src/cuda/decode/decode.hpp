@@ -1,7 +1,7 @@
 // CUDA backend of ops::mla_decode (sm90 kernel; docs/kernels/decode_sm90.md).
 #pragma once
 
-#include "cpu/decode.hpp"
+#include "core/decode_problem.hpp"
 #include "mlakit/plan.hpp"
 #include "mlakit/types.hpp"
 
@@ -15,6 +15,6 @@ namespace mlakit::cuda {
 // stay on the device and are not checked here: a request whose seq_len is outside
 // [0, max_blocks * block_size] or whose keys reach a block id outside [0, num_blocks) gets NaN
 // rows.
-void mla_decode(const cpu::DecodeProblem& problem, const DecodeSchedule& schedule, Stream stream);
+void mla_decode(const DecodeProblem& problem, const DecodeSchedule& schedule, Stream stream);
 
 }  // namespace mlakit::cuda

@@ -75,7 +75,7 @@ bool rows_16b_aligned(const TensorView& t, int dims) {
   return true;
 }
 
-void check_supported(const cpu::DecodeProblem& pr, const DecodeSchedule& schedule) {
+void check_supported(const DecodeProblem& pr, const DecodeSchedule& schedule) {
   require(pr.kv_lora_rank == kDimV && pr.entry_dim == kDimQK, ErrorCode::kUnsupported, kOp,
           ": the CUDA kernel supports kv_lora_rank 512 with qk_rope_head_dim 64 (576-wide "
           "entries), got ",
@@ -112,7 +112,7 @@ void check_supported(const cpu::DecodeProblem& pr, const DecodeSchedule& schedul
           batch, ", ", s, " splits, ", rows, " rows per request");
 }
 
-DecodeKernelParams make_params(const cpu::DecodeProblem& pr, int64_t splits) {
+DecodeKernelParams make_params(const DecodeProblem& pr, int64_t splits) {
   DecodeKernelParams k{};
   const TensorView &q = pr.q, &cache = pr.kv_cache, &bt = pr.block_table, &out = pr.out,
                    &lse = pr.lse;
@@ -191,7 +191,7 @@ void launch_for_format(const LaunchPlan& plan, cudaStream_t stream) {
 
 namespace decode_sm90 {
 
-LaunchPlan plan_launch(const cpu::DecodeProblem& problem, const DecodeSchedule& schedule) {
+LaunchPlan plan_launch(const DecodeProblem& problem, const DecodeSchedule& schedule) {
   check_supported(problem, schedule);
   LaunchPlan plan;
   const int64_t batch = problem.q.size(0), rows = problem.q.size(1) * problem.q.size(2);
@@ -242,7 +242,7 @@ LaunchPlan plan_launch(const cpu::DecodeProblem& problem, const DecodeSchedule& 
 
 }  // namespace decode_sm90
 
-void mla_decode(const cpu::DecodeProblem& problem, const DecodeSchedule& schedule, Stream stream) {
+void mla_decode(const DecodeProblem& problem, const DecodeSchedule& schedule, Stream stream) {
   LaunchPlan plan = plan_launch(problem, schedule);
   if (plan.decode_ctas == 0) return;
   DeviceGuard guard(problem.q.device.index);

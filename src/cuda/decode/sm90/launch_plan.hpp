@@ -5,7 +5,7 @@
 
 #include <cstdint>
 
-#include "cpu/decode.hpp"
+#include "core/decode_problem.hpp"
 #include "cuda/decode/sm90/params.cuh"
 #include "mlakit/plan.hpp"
 
@@ -22,6 +22,6 @@ struct LaunchPlan {
 };
 
 // Throws kUnsupported / kInvalidArgument for what the kernel cannot serve (cuda/decode/decode.hpp).
-LaunchPlan plan_launch(const cpu::DecodeProblem& problem, const DecodeSchedule& schedule);
+LaunchPlan plan_launch(const DecodeProblem& problem, const DecodeSchedule& schedule);
 
 }  // namespace mlakit::cuda::decode_sm90

@@ -1,0 +1,44 @@
+// ops::plan_mla_decode: the backend's split-KV schedule for one decode call.
+#include <cstdint>
+#include <span>
+
+#include "core/check.hpp"
+#include "cpu/parallel.hpp"
+#include "mlakit/ops.hpp"
+
+#ifdef MLAKIT_WITH_CUDA
+#include "cuda/decode/schedule.hpp"
+#endif
+
+namespace mlakit::ops {
+
+using detail::require;
+
+DecodeSchedule plan_mla_decode(const DecodePlanShape& shape, std::span<const int32_t> seq_lens) {
+  constexpr const char* kOp = "plan_mla_decode";
+  require(shape.batch >= 0 && shape.s_q >= 1 && shape.num_heads >= 1 && shape.block_size >= 1 &&
+              shape.max_seq_len >= 0,
+          ErrorCode::kInvalidArgument, kOp,
+          ": need batch >= 0, s_q >= 1, num_heads >= 1, block_size >= 1 and max_seq_len >= 0, got "
+          "batch ",
+          shape.batch, ", s_q ", shape.s_q, ", num_heads ", shape.num_heads, ", block_size ",
+          shape.block_size, ", max_seq_len ", shape.max_seq_len);
+  if (shape.device.is_cpu()) {
+    require(static_cast<int64_t>(seq_lens.size()) == shape.batch, ErrorCode::kInvalidArgument, kOp,
+            ": the CPU plans from the lengths: seq_lens must have batch (", shape.batch,
+            ") entries, got ", seq_lens.size());
+    return plan_decode_splits(seq_lens, shape.block_size, cpu::num_threads(),
+                              shape.batch_invariant);
+  }
+#ifdef MLAKIT_WITH_CUDA
+  if (shape.device.is_cuda()) {
+    require(!shape.batch_invariant, ErrorCode::kUnsupported, kOp,
+            ": batch-invariant decode schedules are not implemented for CUDA yet");
+    return cuda::plan_decode_splits_cuda(shape.batch, shape.s_q, shape.num_heads, shape.max_seq_len,
+                                         shape.device);
+  }
+#endif
+  detail::unsupported_device(kOp, shape.device);
+}
+
+}  // namespace mlakit::ops
