@@ -48,6 +48,15 @@ void gather_and_maybe_dequant_cache(const TensorView& src_cache, const TensorVie
                                     const std::optional<TensorView>& seq_starts,
                                     Stream stream = {});
 
+// token_to_seq[t] = the request b with cu_seq_lens[b] <= t < cu_seq_lens[b + 1], for every
+// t < num_tokens: the row -> request map the gather above takes, built where the tensors live so
+// that a step's plan uploads one offset per request instead of one entry per gathered row.
+// cu_seq_lens:  i32 [B + 1]: 0, non-decreasing, cu_seq_lens[B] >= num_tokens (checked on the CPU;
+//               on the GPU a row outside every request gets -1, which the gather reports)
+// token_to_seq: i32 [>= num_tokens]
+void fill_token_to_seq(const TensorView& cu_seq_lens, const TensorView& token_to_seq,
+                       int64_t num_tokens, Stream stream = {});
+
 // Raw copy (no dequant) of request b's positions [seq_starts[b], seq_starts[b] + len_b) into
 // dst rows [cu_seq_lens[b], cu_seq_lens[b + 1]); src and dst must share dtype and entry width.
 // src_cache:   [num_blocks, block_size, W]
@@ -117,6 +126,9 @@ struct DecodePlanShape {
 // the decode will read); the GPU schedule depends on the shape only (seq_lens may be empty), so a
 // captured CUDA graph serves any lengths up to max_seq_len.
 DecodeSchedule plan_mla_decode(const DecodePlanShape& shape, std::span<const int32_t> seq_lens);
+// The largest mla_decode_workspace_elems of any schedule plan_mla_decode returns for `shape`, over
+// all seq_lens up to shape.max_seq_len: sizes an engine's workspace up front.
+int64_t mla_decode_max_workspace_elems(const DecodePlanShape& shape, int64_t kv_lora_rank);
 
 // Convenience form for host tensors: plans the splits and allocates the workspace itself.
 void mla_decode(const TensorView& q, const TensorView& kv_cache, const TensorView& block_table,

@@ -65,13 +65,18 @@ struct DecodeSchedule {
   int64_t max_splits = 0;  // largest split count of any request
 
   int64_t num_splits(int64_t b) const { return split_offsets[b + 1] - split_offsets[b]; }
+  bool operator==(const DecodeSchedule&) const = default;
 };
 // seq_lens: [B] keys per decode request. Splits are sized so that about `num_workers` * a small
-// factor pieces of equal length exist, never shorter than one block. With batch_invariant, every
-// request is cut into pieces of one fixed length (1024 keys rounded up to whole blocks), so its
+// factor pieces of equal length exist, never shorter than one block. With batch_invariant, a
+// request is cut into pieces of max(1024, ceil(len / 16)) keys rounded up to whole blocks, so its
 // splits, and with them its output bits, do not depend on the other requests of the batch.
 DecodeSchedule plan_decode_splits(std::span<const int32_t> seq_lens, int64_t block_size,
                                   int64_t num_workers, bool batch_invariant = false);
+// The largest total_splits plan_decode_splits can return for `batch` requests of at most
+// max_seq_len keys each (the workspace bound of an engine's worst step).
+int64_t max_decode_splits(int64_t batch, int64_t max_seq_len, int64_t block_size,
+                          int64_t num_workers, bool batch_invariant);
 
 // ---- The whole plan of one forward step ---------------------------------------------------------
 struct BatchDesc {

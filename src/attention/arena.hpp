@@ -1,8 +1,11 @@
-// A bump allocator over one workspace buffer. The orchestrator carves every temporary of a
-// forward step from it, first in measuring mode (no buffer: only the size is counted), then for
-// real, so the workspace is sized by the same code that uses it.
+// A bump allocator over one workspace buffer. The step planner carves every temporary of a
+// forward step from it, in measuring mode (no buffer: only the size is counted) for the worst case
+// of the engine's limits and for real per step, so the workspace is sized by the same code that
+// uses it. Temporaries that are never live at the same time (the prefill and the decode phase of a
+// step) share bytes: rewind() to a mark and carve again; peak() is the size the buffer needs.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <initializer_list>
 
@@ -30,15 +33,20 @@ class Arena {
       t.data = base_ + used_;
     }
     used_ += bytes;
+    peak_ = std::max(peak_, used_);
     return t;
   }
-  int64_t used() const { return used_; }
+  int64_t mark() const { return used_; }
+  // Later takes reuse the bytes from `mark` on (their earlier tenants must be dead by then).
+  void rewind(int64_t mark) { used_ = mark; }
+  int64_t peak() const { return peak_; }
 
  private:
   char* base_;
   int64_t capacity_;
   Device device_;
   int64_t used_ = 0;
+  int64_t peak_ = 0;
 };
 
 }  // namespace mlakit::detail

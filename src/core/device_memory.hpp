@@ -18,4 +18,16 @@ void device_copy(void* dst, Device dst_device, const void* src, Device src_devic
 // Waits for all work on `device`.
 void device_synchronize(Device device);
 
+// Page-locked host memory (so that copies from it are truly asynchronous); CUDA builds only.
+void* pinned_host_malloc(int64_t bytes);
+void pinned_host_free(void* ptr) noexcept;
+
+// A CUDA event on `device` that marks a point of a stream; CUDA builds only.
+void* event_create(Device device);
+void event_destroy(Device device, void* event) noexcept;
+void event_record(Device device, void* event, Stream stream);
+// Blocks the host until the work before the last record of `event` is done (at once if never
+// recorded).
+void event_synchronize(void* event);
+
 }  // namespace mlakit::detail

@@ -24,4 +24,25 @@ void device_copy(void*, Device dst_device, const void*, Device src_device, int64
 
 void device_synchronize(Device) {}
 
+void* pinned_host_malloc(int64_t bytes) {
+  fail(ErrorCode::kUnsupported, str_cat("cannot allocate ", bytes,
+                                        " bytes of pinned memory: mlakit was built without CUDA"));
+}
+
+void pinned_host_free(void*) noexcept {}
+
+void* event_create(Device device) {
+  fail(ErrorCode::kUnsupported, str_cat("cannot create an event on ", device_name(device),
+                                        ": mlakit was built without CUDA"));
+}
+
+void event_destroy(Device, void*) noexcept {}
+
+void event_record(Device device, void*, Stream) {
+  fail(ErrorCode::kUnsupported, str_cat("cannot record an event on ", device_name(device),
+                                        ": mlakit was built without CUDA"));
+}
+
+void event_synchronize(void*) {}
+
 }  // namespace mlakit::detail

@@ -58,6 +58,47 @@ void device_copy(void* dst, Device dst_device, const void* src, Device src_devic
              "cudaMemcpyAsync", device);
 }
 
+void* pinned_host_malloc(int64_t bytes) {
+  void* ptr = nullptr;
+  check_cuda(cudaMallocHost(&ptr, static_cast<size_t>(bytes)),
+             str_cat("cudaMallocHost of ", bytes, " bytes").c_str(), Device::cpu());
+  return ptr;
+}
+
+void pinned_host_free(void* ptr) noexcept {
+  if (ptr != nullptr) cudaFreeHost(ptr);
+}
+
+void* event_create(Device device) {
+  DeviceGuard guard(device);
+  cudaEvent_t event = nullptr;
+  // Timing off: the event only orders work, and untimed events are cheaper to record and query.
+  check_cuda(cudaEventCreateWithFlags(&event, cudaEventDisableTiming), "cudaEventCreate", device);
+  return event;
+}
+
+void event_destroy(Device device, void* event) noexcept {
+  if (event == nullptr) return;
+  int previous = 0;
+  cudaGetDevice(&previous);
+  cudaSetDevice(device.index);
+  cudaEventDestroy(static_cast<cudaEvent_t>(event));
+  cudaSetDevice(previous);
+}
+
+void event_record(Device device, void* event, Stream stream) {
+  DeviceGuard guard(device);
+  check_cuda(
+      cudaEventRecord(static_cast<cudaEvent_t>(event), static_cast<cudaStream_t>(stream.handle)),
+      "cudaEventRecord", device);
+}
+
+void event_synchronize(void* event) {
+  const cudaError_t status = cudaEventSynchronize(static_cast<cudaEvent_t>(event));
+  require(status == cudaSuccess, ErrorCode::kBackend,
+          "cudaEventSynchronize failed: ", cudaGetErrorString(status));
+}
+
 void device_synchronize(Device device) {
   if (!device.is_cuda()) return;
   DeviceGuard guard(device);

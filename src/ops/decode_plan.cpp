@@ -14,15 +14,23 @@ namespace mlakit::ops {
 
 using detail::require;
 
-DecodeSchedule plan_mla_decode(const DecodePlanShape& shape, std::span<const int32_t> seq_lens) {
-  constexpr const char* kOp = "plan_mla_decode";
+namespace {
+
+void check_shape(const char* op, const DecodePlanShape& shape) {
   require(shape.batch >= 0 && shape.s_q >= 1 && shape.num_heads >= 1 && shape.block_size >= 1 &&
               shape.max_seq_len >= 0,
-          ErrorCode::kInvalidArgument, kOp,
+          ErrorCode::kInvalidArgument, op,
           ": need batch >= 0, s_q >= 1, num_heads >= 1, block_size >= 1 and max_seq_len >= 0, got "
           "batch ",
           shape.batch, ", s_q ", shape.s_q, ", num_heads ", shape.num_heads, ", block_size ",
           shape.block_size, ", max_seq_len ", shape.max_seq_len);
+}
+
+}  // namespace
+
+DecodeSchedule plan_mla_decode(const DecodePlanShape& shape, std::span<const int32_t> seq_lens) {
+  constexpr const char* kOp = "plan_mla_decode";
+  check_shape(kOp, shape);
   if (shape.device.is_cpu()) {
     require(static_cast<int64_t>(seq_lens.size()) == shape.batch, ErrorCode::kInvalidArgument, kOp,
             ": the CPU plans from the lengths: seq_lens must have batch (", shape.batch,
@@ -39,6 +47,22 @@ DecodeSchedule plan_mla_decode(const DecodePlanShape& shape, std::span<const int
   }
 #endif
   detail::unsupported_device(kOp, shape.device);
+}
+
+int64_t mla_decode_max_workspace_elems(const DecodePlanShape& shape, int64_t kv_lora_rank) {
+  constexpr const char* kOp = "mla_decode_max_workspace_elems";
+  check_shape(kOp, shape);
+  require(kv_lora_rank > 0, ErrorCode::kInvalidArgument, kOp, ": kv_lora_rank must be > 0, got ",
+          kv_lora_rank);
+  if (shape.device.is_cpu()) {
+    DecodeSchedule bound;
+    bound.total_splits = max_decode_splits(shape.batch, shape.max_seq_len, shape.block_size,
+                                           cpu::num_threads(), shape.batch_invariant);
+    return mla_decode_workspace_elems(bound, shape.s_q, shape.num_heads, kv_lora_rank);
+  }
+  // The other backends plan from the shape alone: their schedule for any lengths is this one.
+  return mla_decode_workspace_elems(plan_mla_decode(shape, {}), shape.s_q, shape.num_heads,
+                                    kv_lora_rank);
 }
 
 }  // namespace mlakit::ops

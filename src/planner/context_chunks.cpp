@@ -147,4 +147,27 @@ std::vector<ContextChunk> plan_context_chunks(std::span<const int32_t> context_l
        str_cat(kOp, ": unknown chunk policy ", static_cast<int>(policy)));
 }
 
+int64_t max_context_chunks(int64_t max_requests, int64_t max_context_len, int64_t block_size,
+                           int64_t workspace_tokens, ChunkPolicy policy) {
+  constexpr const char* kBoundOp = "max_context_chunks";
+  require(
+      max_requests >= 0 && max_context_len >= 0 && block_size > 0 && workspace_tokens >= block_size,
+      ErrorCode::kInvalidArgument, kBoundOp,
+      ": need max_requests >= 0, max_context_len >= 0, block_size > 0 and workspace_tokens >= "
+      "block_size, got ",
+      max_requests, ", ", max_context_len, ", ", block_size, ", ", workspace_tokens);
+  if (max_requests == 0 || max_context_len == 0) return 0;
+  if (policy == ChunkPolicy::kPacked) {
+    // A chunk is closed only when fewer than block_size rows are free, so every closed chunk holds
+    // more than workspace_tokens - block_size context tokens; one more chunk takes the rest.
+    return max_requests * max_context_len / (workspace_tokens - block_size + 1) + 1;
+  }
+  // Equal share: n requests with context form ceil(n / group) groups of group = min(n,
+  // workspace / block) requests, each group taking ceil(longest context / share) chunks. The share
+  // shrinks and the group count grows with n, so n = max_requests is the worst case.
+  const int64_t group = std::min(max_requests, workspace_tokens / block_size);
+  const int64_t share = round_down(workspace_tokens / group, block_size);
+  return cdiv(max_requests, group) * cdiv(max_context_len, share);
+}
+
 }  // namespace mlakit::detail

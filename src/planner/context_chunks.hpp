@@ -25,4 +25,9 @@ std::vector<ContextChunk> plan_context_chunks(std::span<const int32_t> context_l
                                               int64_t block_size, int64_t workspace_tokens,
                                               ChunkPolicy policy);
 
+// The most chunks plan_context_chunks can return for at most `max_requests` contexts of at most
+// `max_context_len` tokens each (sizes an engine's index metadata up front).
+int64_t max_context_chunks(int64_t max_requests, int64_t max_context_len, int64_t block_size,
+                           int64_t workspace_tokens, ChunkPolicy policy);
+
 }  // namespace mlakit::detail

@@ -4,8 +4,8 @@
 // length (rounded up to whole blocks, never below kMinSplitTokens), then every request's length is
 // re-divided into equal whole-block pieces so that its last piece is not a sliver. Long requests
 // get many splits, short ones one; a batch with many requests gets one split per request.
-// Batch-invariant schedules use one fixed piece length instead, so that a request's splits depend
-// on its own length only.
+// Batch-invariant schedules derive each request's piece length from its own length only, so that
+// its splits do not depend on the rest of the batch.
 #include <algorithm>
 #include <cstdint>
 #include <limits>
@@ -31,6 +31,9 @@ constexpr int64_t kMinSplitTokens = 64;
 // the queries, one partial row) stays a few percent of its 1024 keys, short enough that a 4096-key
 // request still spreads over 4 workers.
 constexpr int64_t kBatchInvariantSplitTokens = 1024;
+// Most splits of one request in a batch-invariant schedule (longer requests get longer pieces):
+// bounds the partial results, and so the workspace, at 16 per request.
+constexpr int64_t kBatchInvariantMaxSplits = 16;
 
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 int64_t round_up(int64_t a, int64_t multiple) { return ceil_div(a, multiple) * multiple; }
@@ -57,11 +60,15 @@ DecodeSchedule plan_decode_splits(std::span<const int32_t> seq_lens, int64_t blo
   }
 
   const int64_t target_pieces = kPiecesPerWorker * num_workers;
-  const int64_t piece_len =
-      batch_invariant
-          ? round_up(kBatchInvariantSplitTokens, block_size)
-          : round_up(std::max({ceil_div(total_tokens, target_pieces), kMinSplitTokens, int64_t{1}}),
-                     block_size);
+  const int64_t shared_piece_len = round_up(
+      std::max({ceil_div(total_tokens, target_pieces), kMinSplitTokens, int64_t{1}}), block_size);
+  // Piece length for a request of `len` keys: one for the whole batch, or (batch-invariant) a
+  // function of len alone.
+  auto piece_len_of = [&](int64_t len) {
+    if (!batch_invariant) return shared_piece_len;
+    return round_up(std::max(kBatchInvariantSplitTokens, ceil_div(len, kBatchInvariantMaxSplits)),
+                    block_size);
+  };
 
   DecodeSchedule schedule;
   schedule.split_offsets.assign(batch + 1, 0);
@@ -70,6 +77,7 @@ DecodeSchedule plan_decode_splits(std::span<const int32_t> seq_lens, int64_t blo
   for (int64_t b = 0; b < batch; ++b) {
     const int64_t len = seq_lens[b];
     int64_t splits = 0;
+    const int64_t piece_len = piece_len_of(len);
     int64_t split_len = piece_len;
     if (len > 0) {
       // Re-divide into equal whole-block pieces: ceil(len / piece_len) pieces of at most
@@ -89,6 +97,23 @@ DecodeSchedule plan_decode_splits(std::span<const int32_t> seq_lens, int64_t blo
   }
   schedule.total_splits = total;
   return schedule;
+}
+
+int64_t max_decode_splits(int64_t batch, int64_t max_seq_len, int64_t block_size,
+                          int64_t num_workers, bool batch_invariant) {
+  require(batch >= 0 && max_seq_len >= 0 && block_size > 0 && num_workers > 0,
+          ErrorCode::kInvalidArgument,
+          "max_decode_splits: need batch >= 0, max_seq_len >= 0, block_size > 0 and num_workers > "
+          "0, got ",
+          batch, ", ", max_seq_len, ", ", block_size, ", ", num_workers);
+  if (batch == 0 || max_seq_len == 0) return 0;
+  // Invariant: at most kBatchInvariantMaxSplits per request, and never more than one per block.
+  // Shared piece length: every request gets ceil(len / piece) <= len / piece + 1 splits and the
+  // piece is at least total / target_pieces, so the batch gets at most target_pieces + batch.
+  const int64_t per_request = std::min(kBatchInvariantMaxSplits, ceil_div(max_seq_len, block_size));
+  if (batch_invariant) return batch * per_request;
+  return std::min(batch * ceil_div(max_seq_len, block_size),
+                  kPiecesPerWorker * num_workers + batch);
 }
 
 }  // namespace mlakit

@@ -44,4 +44,9 @@ void cp_gather_cache(const TensorView& src_cache, const TensorView& dst,
                      int64_t batch_size, const std::optional<TensorView>& seq_starts,
                      Stream stream);
 
+// cu_seq_lens:  i32 [B + 1]
+// token_to_seq: i32 [>= num_tokens]
+void fill_token_to_seq(const TensorView& cu_seq_lens, const TensorView& token_to_seq,
+                       int64_t num_tokens, Stream stream);
+
 }  // namespace mlakit::cuda

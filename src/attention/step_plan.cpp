@@ -1,0 +1,380 @@
+// plan_step, the shared Workspace and their sizing (mlakit/step.hpp): everything an engine does
+// once per step, so that each layer's forward only launches kernels.
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <utility>
+#include <vector>
+
+#include "attention/step_state.hpp"
+#include "core/check.hpp"
+#include "core/device_memory.hpp"
+#include "mlakit/kv_cache.hpp"
+#include "mlakit/ops.hpp"
+#include "planner/context_chunks.hpp"
+
+namespace mlakit {
+
+using detail::require;
+
+namespace {
+
+constexpr const char* kPlanOp = "plan_step";
+
+// Largest up-projection of one context chunk, [rows, N * (P + V)] in the activation dtype, that the
+// default chunk size allows: at N = 128 in bf16 (64 KiB a row) 8192 rows, the size of a whole
+// default step's new tokens, so the context phase needs no more scratch than the new tokens do.
+constexpr int64_t kChunkUpProjectionBytes = int64_t{512} << 20;
+
+int64_t round_down(int64_t x, int64_t multiple) { return x / multiple * multiple; }
+
+}  // namespace
+
+void validate_config(const MlaAttentionConfig& c) {
+  c.dims.validate();
+  require(std::isfinite(c.scale) && c.scale > 0, ErrorCode::kInvalidArgument,
+          "MlaAttention: scale must be finite and > 0, got ", c.scale);
+  require(c.decode_threshold >= 1, ErrorCode::kInvalidArgument,
+          "MlaAttention: decode_threshold must be >= 1, got ", c.decode_threshold);
+  require(c.workspace_tokens >= 0, ErrorCode::kInvalidArgument,
+          "MlaAttention: workspace_tokens must be >= 0 (0 = derive from max_model_len), got ",
+          c.workspace_tokens);
+  require(c.max_model_len > 0 && c.max_num_seqs > 0 && c.max_num_batched_tokens > 0,
+          ErrorCode::kInvalidArgument,
+          "MlaAttention: max_model_len, max_num_seqs and max_num_batched_tokens must be > 0, got ",
+          c.max_model_len, ", ", c.max_num_seqs, " and ", c.max_num_batched_tokens);
+  require(c.max_model_len <= std::numeric_limits<int32_t>::max() &&
+              c.max_num_seqs <= std::numeric_limits<int32_t>::max() &&
+              c.max_num_batched_tokens <= std::numeric_limits<int32_t>::max(),
+          ErrorCode::kInvalidArgument,
+          "MlaAttention: max_model_len, max_num_seqs and max_num_batched_tokens must fit in int32 "
+          "(lengths and offsets are int32), got ",
+          c.max_model_len, ", ", c.max_num_seqs, " and ", c.max_num_batched_tokens);
+  KvCacheSpec spec{c.dims, c.kv_cache_dtype, c.act_dtype, c.block_size, 0};
+  spec.validate();
+}
+
+int64_t context_chunk_rows(const MlaAttentionConfig& c) {
+  if (c.workspace_tokens > 0) return c.workspace_tokens;
+  const int64_t b2 =
+      chunked_prefill_workspace_tokens(c.max_model_len, c.max_num_seqs, c.block_size);
+  const int64_t row_bytes = c.dims.num_heads * c.dims.kv_b_out_dim() * dtype_size(c.act_dtype);
+  const int64_t budget_rows =
+      std::max(c.block_size, round_down(kChunkUpProjectionBytes / row_bytes, c.block_size));
+  return std::min(b2, budget_rows);
+}
+
+namespace detail {
+
+namespace {
+
+// Index entries of the worst step: seq_lens [R], the prefill query offsets [np + 1], and per
+// context chunk its offsets [np + 1] and starts [np], with R, np <= max_num_seqs.
+int64_t metadata_capacity(const MlaAttentionConfig& c) {
+  const int64_t chunks = max_context_chunks(c.max_num_seqs, c.max_model_len - 1, c.block_size,
+                                            context_chunk_rows(c), c.chunk_policy);
+  return c.max_num_seqs + (c.max_num_seqs + 1) + chunks * (2 * c.max_num_seqs + 1);
+}
+
+ops::DecodePlanShape decode_shape(const MlaAttentionConfig& c, int64_t batch, int64_t q_len,
+                                  int64_t max_seq_len) {
+  return ops::DecodePlanShape{
+      c.device, batch, q_len, c.dims.num_heads, c.block_size, max_seq_len, c.batch_invariant};
+}
+
+StepShape worst_shape(const MlaAttentionConfig& c) {
+  StepShape s;
+  s.metadata_ints = metadata_capacity(c);
+  s.prefill_tokens = c.max_num_batched_tokens;
+  s.chunk_rows = c.max_model_len > 1 ? context_chunk_rows(c) : 0;  // context needs 2+ tokens
+  s.decode_tokens = std::min(c.max_num_batched_tokens, c.max_num_seqs * c.decode_threshold);
+  // A decode run of q_len q holds at most decode_tokens / q requests.
+  for (int64_t q = 1; q <= std::min(c.decode_threshold, s.decode_tokens); ++q) {
+    const int64_t batch = std::min(c.max_num_seqs, s.decode_tokens / q);
+    s.split_elems = std::max(s.split_elems,
+                             ops::mla_decode_max_workspace_elems(
+                                 decode_shape(c, batch, q, c.max_model_len), c.dims.kv_lora_rank));
+  }
+  return s;
+}
+
+}  // namespace
+
+StepBuffers carve(Arena& arena, const MlaAttentionConfig& c, const StepShape& s) {
+  const MlaDims& d = c.dims;
+  const int64_t n = d.num_heads, npv = n * d.kv_b_out_dim();
+  StepBuffers b;
+  b.metadata = arena.take({s.metadata_ints}, DType::kI32);
+  const int64_t phases = arena.mark();
+  const int64_t tp = s.prefill_tokens;
+  if (tp > 0) {
+    b.kv_up = arena.take({std::max(tp, s.chunk_rows), npv}, c.act_dtype);
+    if (s.chunk_rows > 0) {
+      b.ctx_out = arena.take({tp, n, d.v_head_dim}, DType::kF32);
+      b.ctx_lse = arena.take({n, tp}, DType::kF32);
+      b.part_out = arena.take({tp, n, d.v_head_dim}, DType::kF32);
+      b.part_lse = arena.take({n, tp}, DType::kF32);
+      b.gather = arena.take({s.chunk_rows, d.entry_dim()}, c.act_dtype);
+      b.token_to_seq = arena.take({s.chunk_rows}, DType::kI32);
+    }
+  }
+  arena.rewind(phases);  // the decode phase runs after the prefill phase on the same stream
+  const int64_t td = s.decode_tokens;
+  if (td > 0) {
+    b.ql = arena.take({td, n, d.entry_dim()}, c.act_dtype);
+    if (c.kv_cache_dtype == KvCacheDType::kFp8E4m3)
+      b.ql_fp8 = arena.take({td, n, d.entry_dim()}, DType::kFp8E4m3);
+    b.o_lat = arena.take({td, n, d.kv_lora_rank}, DType::kF32);
+    b.lse = arena.take({td, n}, DType::kF32);
+    b.split_ws = arena.take({s.split_elems}, DType::kF32);
+  }
+  return b;
+}
+
+}  // namespace detail
+
+int64_t workspace_bytes(const MlaAttentionConfig& config) {
+  validate_config(config);
+  detail::Arena measure(config.device);
+  detail::carve(measure, config, detail::worst_shape(config));
+  return measure.peak();
+}
+
+// ---- Workspace
+// -----------------------------------------------------------------------------------
+
+Workspace::State::~State() {
+  detail::pinned_host_free(staging);
+  detail::event_destroy(config.device, upload_done);
+}
+
+Workspace::Workspace(const MlaAttentionConfig& config) : state_(std::make_unique<State>()) {
+  State& s = *state_;
+  s.config = config;
+  const int64_t bytes = workspace_bytes(config);
+  s.metadata_capacity = detail::metadata_capacity(config);
+  s.buffer = Tensor::empty({bytes}, DType::kU8, config.device);
+  if (!config.device.is_cpu()) {
+    s.staging = detail::pinned_host_malloc(s.metadata_capacity * int64_t{sizeof(int32_t)});
+    s.upload_done = detail::event_create(config.device);
+  }
+}
+
+Workspace::~Workspace() = default;
+
+int64_t Workspace::bytes() const { return state_->buffer.numel(); }
+Device Workspace::device() const { return state_->config.device; }
+void Workspace::touch(Stream stream) { ops::fill_zero(state_->buffer, stream); }
+
+// ---- StepPlan
+// ------------------------------------------------------------------------------------
+
+StepPlan::StepPlan() : state_(std::make_unique<State>()) {}
+StepPlan::~StepPlan() = default;
+StepPlan::StepPlan(StepPlan&&) noexcept = default;
+StepPlan& StepPlan::operator=(StepPlan&&) noexcept = default;
+
+const Plan& StepPlan::plan() const { return state_->plan; }
+int64_t StepPlan::num_actual_tokens() const { return state_->num_actual_tokens; }
+int64_t StepPlan::workspace_bytes_used() const { return state_->bytes_used; }
+bool StepPlan::same_launches(const StepPlan& other) const {
+  return state_->workspace == other.state_->workspace &&
+         state_->launch_signature == other.state_->launch_signature;
+}
+
+namespace detail {
+
+// Fields two configurations must share for one workspace, or one StepPlan, to serve both.
+bool same_step_config(const MlaAttentionConfig& a, const MlaAttentionConfig& b) {
+  const MlaDims &x = a.dims, &y = b.dims;
+  return x.num_heads == y.num_heads && x.kv_lora_rank == y.kv_lora_rank &&
+         x.qk_rope_head_dim == y.qk_rope_head_dim && x.qk_nope_head_dim == y.qk_nope_head_dim &&
+         x.v_head_dim == y.v_head_dim && a.act_dtype == b.act_dtype &&
+         a.kv_cache_dtype == b.kv_cache_dtype && a.block_size == b.block_size &&
+         a.decode_threshold == b.decode_threshold && a.query_len_support == b.query_len_support &&
+         context_chunk_rows(a) == context_chunk_rows(b) && a.chunk_policy == b.chunk_policy &&
+         a.batch_invariant == b.batch_invariant && a.device == b.device;
+}
+
+// The batch's tensors and lengths: what plan_step and MlaAttention::plan check alike.
+void validate_batch_tensors(const char* op, const MlaAttentionConfig& c,
+                            const ForwardBatch& batch) {
+  const int64_t reqs = static_cast<int64_t>(batch.seq_lens.size());
+  require(batch.num_actual_tokens >= 0, ErrorCode::kInvalidArgument, op,
+          ": num_actual_tokens must be >= 0, got ", batch.num_actual_tokens);
+  check_storage(op, "batch.slot_mapping", batch.slot_mapping);
+  check_ndim(op, "batch.slot_mapping", batch.slot_mapping, 1);
+  check_dtype(op, "batch.slot_mapping", batch.slot_mapping, {DType::kI64});
+  check_min_size(op, "batch.slot_mapping", batch.slot_mapping, 0, batch.num_actual_tokens);
+  check_device(op, "batch.slot_mapping", batch.slot_mapping, c.device);
+  check_storage(op, "batch.block_table", batch.block_table);
+  check_ndim(op, "batch.block_table", batch.block_table, 2);
+  check_dtype(op, "batch.block_table", batch.block_table, {DType::kI32});
+  check_min_size(op, "batch.block_table", batch.block_table, 0, reqs);
+  check_device(op, "batch.block_table", batch.block_table, c.device);
+}
+
+PlannerConfig planner_config(const MlaAttentionConfig& c) {
+  PlannerConfig pc;
+  pc.block_size = c.block_size;
+  pc.decode_threshold = c.decode_threshold;
+  pc.query_len_support = c.query_len_support;
+  pc.workspace_tokens = context_chunk_rows(c);
+  pc.chunk_policy = c.chunk_policy;
+  pc.num_workers = 1;  // Plan::decode_schedule is informative; the step asks the backend
+  return pc;
+}
+
+Plan plan_batch(const MlaAttentionConfig& c, const ForwardBatch& batch) {
+  BatchDesc desc{batch.query_start_loc, batch.seq_lens, batch.num_actual_tokens,
+                 batch.block_table.ndim == 2 ? batch.block_table.shape[1] : 0};
+  return make_plan(desc, planner_config(c));
+}
+
+namespace {
+
+// The step must fit the limits the workspace was sized for.
+void check_limits(const MlaAttentionConfig& c, const ForwardBatch& batch) {
+  const int64_t reqs = static_cast<int64_t>(batch.seq_lens.size());
+  require(reqs <= c.max_num_seqs, ErrorCode::kInvalidArgument, kPlanOp, ": the batch has ", reqs,
+          " requests, more than max_num_seqs (", c.max_num_seqs, ") the workspace was sized for");
+  require(batch.num_actual_tokens <= c.max_num_batched_tokens, ErrorCode::kInvalidArgument, kPlanOp,
+          ": num_actual_tokens (", batch.num_actual_tokens, ") exceeds max_num_batched_tokens (",
+          c.max_num_batched_tokens, ") the workspace was sized for");
+  for (int64_t r = 0; r < reqs; ++r) {
+    require(batch.seq_lens[r] <= c.max_model_len, ErrorCode::kInvalidArgument, kPlanOp,
+            ": seq_lens[", r, "] (", batch.seq_lens[r], ") exceeds max_model_len (",
+            c.max_model_len, ") the workspace was sized for");
+  }
+}
+
+// Appends `values` to the host copy of the step's indices; returns the device view of them.
+TensorView append(std::vector<int32_t>& host, const TensorView& metadata,
+                  std::span<const int32_t> values) {
+  const int64_t offset = static_cast<int64_t>(host.size());
+  host.insert(host.end(), values.begin(), values.end());
+  return metadata.narrow(0, offset, static_cast<int64_t>(values.size()));
+}
+
+void sign(std::vector<int64_t>& sig, const TensorView& t) {
+  sig.push_back(static_cast<int64_t>(reinterpret_cast<uintptr_t>(t.data)));
+  sig.push_back(static_cast<int64_t>(t.dtype));
+  sig.push_back(t.ndim);
+  for (int d = 0; d < t.ndim; ++d) {
+    sig.push_back(t.shape[d]);
+    sig.push_back(t.strides[d]);
+  }
+}
+
+std::vector<int64_t> launch_signature(const StepPlan::State& s) {
+  std::vector<int64_t> sig;
+  const Plan& p = s.plan;
+  sig.insert(sig.end(),
+             {s.num_actual_tokens, s.prefill_tokens, p.num_reqs, p.split.num_decodes,
+              p.split.num_prefills, p.split.num_decode_tokens, p.split.num_prefill_tokens,
+              p.prefill_max_query_len, static_cast<int64_t>(p.context_chunks.size()),
+              s.runs.first_padding_token, static_cast<int64_t>(s.runs.runs.size())});
+  for (const ContextChunk& chunk : p.context_chunks)
+    sig.insert(sig.end(), {chunk.total_tokens, chunk.max_seq_len});
+  for (const DecodeRun& run : s.runs.runs) {
+    sig.insert(sig.end(), {run.first_request, run.num_requests, run.first_token, run.query_len,
+                           run.schedule.total_splits, run.schedule.max_splits});
+    sig.insert(sig.end(), run.schedule.split_offsets.begin(), run.schedule.split_offsets.end());
+    sig.insert(sig.end(), run.schedule.split_len.begin(), run.schedule.split_len.end());
+  }
+  for (const TensorView* t :
+       {&s.block_table, &s.slot_mapping, &s.seq_lens, &s.prefill_query_start_loc,
+        &s.buffers.metadata, &s.buffers.kv_up, &s.buffers.ctx_out, &s.buffers.part_out,
+        &s.buffers.gather, &s.buffers.ql, &s.buffers.ql_fp8, &s.buffers.o_lat,
+        &s.buffers.split_ws}) {
+    sign(sig, *t);
+  }
+  return sig;
+}
+
+// Copies the step's indices into the workspace's index region: one asynchronous copy from the
+// pinned staging buffer on a GPU (after the previous step's copy has left it), a memcpy on the CPU.
+void upload(Workspace::State& ws, const std::vector<int32_t>& host, const TensorView& metadata,
+            Stream stream) {
+  const int64_t bytes = static_cast<int64_t>(host.size() * sizeof(int32_t));
+  if (bytes == 0) return;
+  if (ws.config.device.is_cpu()) {
+    std::memcpy(metadata.data, host.data(), static_cast<size_t>(bytes));
+    return;
+  }
+  event_synchronize(ws.upload_done);
+  std::memcpy(ws.staging, host.data(), static_cast<size_t>(bytes));
+  device_copy(metadata.data, ws.config.device, ws.staging, Device::cpu(), bytes, stream);
+  event_record(ws.config.device, ws.upload_done, stream);
+}
+
+}  // namespace
+}  // namespace detail
+
+StepPlan plan_step(const MlaAttentionConfig& config, const ForwardBatch& batch,
+                   Workspace& workspace, Stream stream) {
+  using namespace detail;
+  Workspace::State& ws = workspace.state();
+  const MlaAttentionConfig& c = ws.config;
+  require(same_step_config(config, c), ErrorCode::kInvalidArgument, kPlanOp,
+          ": the configuration differs from the one the workspace was sized for (dims, dtypes, "
+          "cache format, block size, decode threshold, chunking, batch invariance and device must "
+          "match)");
+  validate_batch_tensors(kPlanOp, c, batch);
+  check_limits(c, batch);
+
+  StepPlan result;
+  StepPlan::State& s = *result.state_;
+  s.config = c;
+  s.plan = plan_batch(c, batch);
+  s.num_actual_tokens = batch.num_actual_tokens;
+  s.prefill_tokens = s.plan.split.num_prefills ? s.plan.prefill_query_start_loc.back() : 0;
+  s.block_table = batch.block_table;
+  s.slot_mapping = batch.slot_mapping;
+  const int64_t max_seq_len = std::min(batch.block_table.shape[1] * c.block_size, c.max_model_len);
+  s.runs = decode_runs(s.plan, batch.query_start_loc, batch.seq_lens,
+                       [&](std::span<const int32_t> lens, int64_t q_len) {
+                         return ops::plan_mla_decode(
+                             decode_shape(c, static_cast<int64_t>(lens.size()), q_len, max_seq_len),
+                             lens);
+                       });
+
+  StepShape shape;
+  for (const ContextChunk& chunk : s.plan.context_chunks) {
+    shape.chunk_rows = std::max(shape.chunk_rows, chunk.total_tokens);
+    shape.metadata_ints += 2 * static_cast<int64_t>(chunk.starts.size()) + 1;
+  }
+  shape.metadata_ints +=
+      static_cast<int64_t>(batch.seq_lens.size() + s.plan.prefill_query_start_loc.size());
+  shape.prefill_tokens = s.prefill_tokens;
+  shape.decode_tokens = s.plan.split.num_decode_tokens;
+  for (const DecodeRun& run : s.runs.runs) {
+    shape.split_elems = std::max(
+        shape.split_elems, ops::mla_decode_workspace_elems(run.schedule, run.query_len,
+                                                           c.dims.num_heads, c.dims.kv_lora_rank));
+  }
+  require(shape.metadata_ints <= ws.metadata_capacity, ErrorCode::kInternal, kPlanOp,
+          ": the step needs ", shape.metadata_ints, " index entries, the workspace holds ",
+          ws.metadata_capacity);
+  Arena arena(ws.buffer.view().data, ws.buffer.numel(), c.device);
+  s.buffers = carve(arena, c, shape);
+  s.bytes_used = arena.peak();
+
+  std::vector<int32_t> host;
+  host.reserve(static_cast<size_t>(shape.metadata_ints));
+  s.seq_lens = append(host, s.buffers.metadata, batch.seq_lens);
+  s.prefill_query_start_loc = append(host, s.buffers.metadata, s.plan.prefill_query_start_loc);
+  for (const ContextChunk& chunk : s.plan.context_chunks) {
+    s.chunk_cu_seq_lens.push_back(append(host, s.buffers.metadata, chunk.cu_seq_lens));
+    s.chunk_starts.push_back(append(host, s.buffers.metadata, chunk.starts));
+  }
+  upload(ws, host, s.buffers.metadata, stream);
+
+  s.workspace = &ws;
+  s.generation = ++ws.generation;
+  s.launch_signature = launch_signature(s);
+  return result;
+}
+
+}  // namespace mlakit
