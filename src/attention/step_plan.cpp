@@ -321,8 +321,8 @@ StepPlan plan_step(const MlaAttentionConfig& config, const ForwardBatch& batch,
           ": the configuration differs from the one the workspace was sized for (dims, dtypes, "
           "cache format, block size, decode threshold, chunking, batch invariance and device must "
           "match)");
-  validate_batch_tensors(kPlanOp, c, batch);
   check_limits(c, batch);
+  validate_batch_tensors(kPlanOp, c, batch);
 
   StepPlan result;
   StepPlan::State& s = *result.state_;

@@ -33,6 +33,12 @@ struct E2eCase {
   int64_t spare_rows = 3;        // rows past num_actual_tokens that must stay untouched
   uint64_t seed_stream = 0;
   Device device{};  // the layer's device; inputs are built on the host and copied there
+  // Engine mode: num_layers layers (each with its own weights, cache contents and activations,
+  // one block table) run one StepPlan from plan_step over one shared Workspace, as an engine step
+  // does; otherwise the layer's single-call forward.
+  bool step_plan = false;
+  int64_t num_layers = 1;
+  bool batch_invariant = false;
 };
 
 struct E2eResult {

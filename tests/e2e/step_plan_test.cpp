@@ -1,0 +1,335 @@
+// The engine path (mlakit/step.hpp): one StepPlan per step over one Workspace shared by every
+// layer, against the fp64 oracle; the workspace's worst-case sizing; what plan_step and forward
+// reject.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "common/mla_harness.hpp"
+#include "common/test_util.hpp"
+#include "mlakit/attention.hpp"
+#include "mlakit/error.hpp"
+#include "mlakit/step.hpp"
+
+namespace mlakit::test {
+namespace {
+
+MlaDims small_dims() { return MlaDims{4, 64, 16, 32, 32}; }
+
+// fn() must throw mlakit::Error with `code` and a message containing `substring`.
+template <class Fn>
+void expect_error(Fn&& fn, ErrorCode code, const std::string& substring) {
+  try {
+    fn();
+    ADD_FAILURE() << "expected mlakit::Error containing '" << substring << "'";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), code) << e.what();
+    EXPECT_NE(std::string(e.what()).find(substring), std::string::npos) << e.what();
+  }
+}
+
+E2eCase step_case(const std::string& name, std::vector<int32_t> seq_lens,
+                  std::vector<int32_t> query_lens, uint64_t seed) {
+  E2eCase c;
+  c.name = name;
+  c.dims = small_dims();
+  c.act_dtype = DType::kBF16;
+  c.block_size = 16;
+  c.seq_lens = std::move(seq_lens);
+  c.query_lens = std::move(query_lens);
+  c.step_plan = true;
+  c.seed_stream = seed;
+  return c;
+}
+
+TEST(StepPlan, LayersShareOnePlanAndWorkspace) {
+  // Decodes, a prefill with context cut into several chunks, a fresh prefill; three layers.
+  E2eCase c = step_case("three_layers_mixed", {70, 33, 150, 9}, {1, 1, 6, 9}, 1000);
+  c.num_layers = 3;
+  c.workspace_tokens = 48;  // 3 blocks: the 144-token context takes several chunks
+  const E2eResult r = run_e2e_case(c);
+  EXPECT_EQ(r.num_decodes, 2);
+  EXPECT_GE(r.context_chunks, 3);
+
+  E2eCase fp8 = step_case("two_layers_fp8", {40, 90, 30}, {1, 1, 30}, 1001);
+  fp8.num_layers = 2;
+  fp8.kv_dtype = KvCacheDType::kFp8E4m3;
+  fp8.q_scale = 2;
+  fp8.k_scale = 3;
+  run_e2e_case(fp8);
+
+  E2eCase spec = step_case("spec_decode_uniform", {40, 64, 80}, {3, 3, 3}, 1002);
+  spec.num_layers = 2;
+  spec.decode_threshold = 3;
+  spec.support = QueryLenSupport::kUniform;
+  EXPECT_EQ(run_e2e_case(spec).num_decodes, 3);
+}
+
+TEST(StepPlan, DeepSeekDimsTwoLayers) {
+  E2eCase c = step_case("deepseek_two_layers", {64, 130, 40}, {1, 1, 12}, 1010);
+  c.dims = MlaDims{16, 512, 64, 128, 128};
+  c.num_layers = 2;
+  run_e2e_case(c);
+}
+
+TEST(StepPlan, PaddingRowsAreZeroInEveryKindOfBatch) {
+  // Padding requests (q_len 0, seq_len 0) and padded tokens after prefills, then after decodes.
+  for (bool step : {false, true}) {
+    E2eCase mixed = step_case("padded_after_prefill", {30, 20}, {1, 20}, 1020);
+    mixed.step_plan = step;
+    mixed.padding_requests = 2;
+    mixed.padding_tokens = 3;
+    run_e2e_case(mixed);
+    E2eCase decode = step_case("padded_decode_only", {30, 41}, {1, 1}, 1021);
+    decode.step_plan = step;
+    decode.padding_requests = 2;
+    decode.padding_tokens = 2;
+    decode.support = QueryLenSupport::kUniform;
+    run_e2e_case(decode);
+  }
+}
+
+TEST(StepPlan, BatchInvariantScheduleStillMatchesTheOracle) {
+  E2eCase c = step_case("batch_invariant", {3000, 70, 1100}, {1, 1, 1}, 1030);
+  c.batch_invariant = true;
+  c.block_size = 64;
+  run_e2e_case(c);
+}
+
+TEST(StepPlan, RandomBatchesAgainstTheOracle) {
+  auto rng = make_rng(1040);
+  std::uniform_int_distribution<int> n_req(1, 6), ctx_len(0, 120), q_len(1, 10), coin(0, 1);
+  for (int iter = 0; iter < 12; ++iter) {
+    E2eCase c = step_case("random_step_" + std::to_string(iter), {}, {}, 1041 + iter);
+    c.num_layers = 1 + iter % 3;
+    c.act_dtype = coin(rng) ? DType::kF32 : DType::kBF16;
+    c.kv_dtype = coin(rng) ? KvCacheDType::kAuto : KvCacheDType::kFp8E4m3;
+    c.block_size = std::vector<int64_t>{1, 4, 16, 32}[iter % 4];
+    c.chunk_policy = coin(rng) ? ChunkPolicy::kPacked : ChunkPolicy::kEqualShare;
+    c.workspace_tokens = coin(rng) ? 0 : c.block_size * 4;
+    const int reqs = n_req(rng);
+    const int decodes = std::uniform_int_distribution<int>(0, reqs)(rng);
+    for (int i = 0; i < reqs; ++i) {
+      const bool decode = i < decodes;
+      const int ql = decode ? 1 : q_len(rng);
+      const int ctx = decode ? 1 + ctx_len(rng) : (coin(rng) ? 0 : ctx_len(rng));
+      c.seq_lens.push_back(ctx + ql);
+      c.query_lens.push_back(ql);
+    }
+    SCOPED_TRACE(c.name);
+    run_e2e_case(c);
+  }
+}
+
+// ---- Sizing ----------------------------------------------------------------------------------
+
+MlaAttentionConfig deepseek_v3_config() {
+  MlaAttentionConfig c;
+  c.dims = MlaDims{128, 512, 64, 128, 128};
+  c.scale = 0.1352338f;
+  c.act_dtype = DType::kBF16;
+  c.block_size = 64;
+  c.max_num_batched_tokens = 8192;
+  c.max_num_seqs = 256;
+  c.max_model_len = 163840;
+  return c;
+}
+
+TEST(StepPlan, DeepSeekV3WorkspaceFitsTwoGiB) {
+  const MlaAttentionConfig c = deepseek_v3_config();
+  const int64_t bytes = workspace_bytes(c);
+  EXPECT_LE(bytes, int64_t{2} << 30) << bytes << " bytes";
+  // The new tokens' up-projection alone is 8192 x 128 x 256 bf16 = 512 MiB: the bound is real.
+  EXPECT_GE(bytes, int64_t{512} << 20);
+  EXPECT_EQ(context_chunk_rows(c), 8192);  // the chunk size that keeps kv_up at 512 MiB
+  MlaAttentionConfig fp8 = c;
+  fp8.kv_cache_dtype = KvCacheDType::kFp8DsMla;
+  EXPECT_LE(workspace_bytes(fp8), int64_t{2} << 30);
+}
+
+// Random engine limits and random steps within them: plan_step never runs out of the workspace
+// that workspace_bytes sized (index entries, chunks, decode splits included).
+TEST(StepPlan, RandomStepsFitTheWorstCaseWorkspace) {
+  auto rng = make_rng(1050);
+  std::uniform_int_distribution<int> coin(0, 1);
+  for (int config_iter = 0; config_iter < 12; ++config_iter) {
+    MlaAttentionConfig c;
+    c.dims = small_dims();
+    c.scale = 0.3f;
+    c.act_dtype = DType::kF32;
+    c.block_size = std::vector<int64_t>{1, 4, 16, 64}[config_iter % 4];
+    c.max_num_seqs = std::uniform_int_distribution<int>(1, 12)(rng);
+    c.max_model_len = std::uniform_int_distribution<int>(1, 700)(rng);
+    c.max_num_batched_tokens = std::uniform_int_distribution<int>(1, 300)(rng);
+    c.decode_threshold = std::uniform_int_distribution<int>(1, 4)(rng);
+    c.chunk_policy = coin(rng) ? ChunkPolicy::kPacked : ChunkPolicy::kEqualShare;
+    c.workspace_tokens =
+        coin(rng) ? 0 : c.block_size * std::uniform_int_distribution<int>(1, 6)(rng);
+    c.batch_invariant = coin(rng);
+    Workspace workspace(c);
+    const int64_t width = (c.max_model_len + c.block_size - 1) / c.block_size + 1;
+    Tensor table = Tensor::zeros({c.max_num_seqs, width}, DType::kI32);
+    Tensor slots = Tensor::empty({c.max_num_batched_tokens}, DType::kI64);
+    std::fill_n(slots.data<int64_t>(), c.max_num_batched_tokens, -1);
+    for (int iter = 0; iter < 40; ++iter) {
+      // Decodes (context > 0, q_len <= threshold) first, then prefills, within every limit.
+      std::vector<int32_t> qsl{0}, seq_lens;
+      const int reqs = std::uniform_int_distribution<int>(1, static_cast<int>(c.max_num_seqs))(rng);
+      bool decodes = true;
+      for (int i = 0; i < reqs; ++i) {
+        const int64_t budget = c.max_num_batched_tokens - qsl.back();
+        if (budget <= 0) break;
+        decodes = decodes && coin(rng) && c.max_model_len > 1;
+        const int64_t q_max = decodes ? std::min<int64_t>(c.decode_threshold, c.max_model_len - 1)
+                                      : std::min<int64_t>(budget, c.max_model_len);
+        const int ql =
+            std::uniform_int_distribution<int>(1, static_cast<int>(std::min(q_max, budget)))(rng);
+        const int ctx_min = decodes ? 1 : 0;
+        const int ctx = std::uniform_int_distribution<int>(
+            ctx_min, static_cast<int>(std::max<int64_t>(ctx_min, c.max_model_len - ql)))(rng);
+        qsl.push_back(qsl.back() + ql);
+        seq_lens.push_back(std::min<int32_t>(ctx + ql, static_cast<int32_t>(c.max_model_len)));
+        if (seq_lens.back() < ql) seq_lens.back() = ql;
+      }
+      ForwardBatch batch;
+      batch.query_start_loc = qsl;
+      batch.seq_lens = seq_lens;
+      batch.num_actual_tokens = qsl.back();
+      batch.block_table = table;
+      batch.slot_mapping = slots;
+      const StepPlan step = plan_step(c, batch, workspace);
+      EXPECT_LE(step.workspace_bytes_used(), workspace.bytes());
+    }
+  }
+}
+
+// ---- Plans across steps ----------------------------------------------------------------------
+
+class StepPlanRules : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    cfg_.dims = small_dims();
+    cfg_.scale = 0.3f;
+    cfg_.act_dtype = DType::kF32;
+    cfg_.block_size = 4;
+    cfg_.max_num_seqs = 4;
+    cfg_.max_model_len = 64;
+    cfg_.max_num_batched_tokens = 16;
+    table_ = Tensor::zeros({4, 16}, DType::kI32);
+    slots_ = Tensor::empty({16}, DType::kI64);
+    std::fill_n(slots_.data<int64_t>(), 16, -1);
+  }
+  ForwardBatch batch(const std::vector<int32_t>& qsl, const std::vector<int32_t>& lens) {
+    qsl_ = qsl;
+    lens_ = lens;
+    ForwardBatch b;
+    b.query_start_loc = qsl_;
+    b.seq_lens = lens_;
+    b.num_actual_tokens = qsl_.back();
+    b.block_table = table_;
+    b.slot_mapping = slots_;
+    return b;
+  }
+
+  MlaAttentionConfig cfg_;
+  Tensor table_, slots_;
+  std::vector<int32_t> qsl_, lens_;
+};
+
+TEST_F(StepPlanRules, StalePlanIsRejected) {
+  Workspace ws(cfg_);
+  auto rng = make_rng(1060);
+  const MlaDims& d = cfg_.dims;
+  MlaAttention layer(
+      cfg_, random_tensor(rng, {d.num_heads * d.kv_b_out_dim(), d.kv_lora_rank}, DType::kF32));
+  const StepPlan first = plan_step(cfg_, batch({0, 1, 2}, {9, 20}), ws);
+  const StepPlan second = plan_step(cfg_, batch({0, 1, 2}, {10, 21}), ws);
+  Tensor q = random_tensor(rng, {2, d.num_heads, d.qk_head_dim()}, DType::kF32);
+  Tensor kv = random_tensor(rng, {2, d.entry_dim()}, DType::kF32);
+  Tensor cache = random_tensor(rng, {20, 4, d.entry_dim()}, DType::kF32);
+  Tensor out = nan_tensor({2, d.num_heads * d.v_head_dim}, DType::kF32);
+  const TensorView kv_c = kv.view().narrow(1, 0, d.kv_lora_rank);
+  const TensorView k_pe = kv.view().narrow(1, d.kv_lora_rank, d.qk_rope_head_dim);
+  expect_error([&] { layer.forward(q, kv_c, k_pe, cache, first, out); },
+               ErrorCode::kInvalidArgument, "stale");
+  EXPECT_NO_THROW(layer.forward(q, kv_c, k_pe, cache, second, out));
+  expect_error([&] { layer.forward(q, kv_c, k_pe, cache, StepPlan(), out); },
+               ErrorCode::kInvalidArgument, "empty");
+}
+
+TEST_F(StepPlanRules, ConfigurationsMustMatch) {
+  Workspace ws(cfg_);
+  MlaAttentionConfig other = cfg_;
+  other.block_size = 8;
+  expect_error(
+      [&] {
+        plan_step(other, batch({0, 1}, {5}), ws);
+      },
+      ErrorCode::kInvalidArgument, "sized for");
+  const StepPlan step = plan_step(cfg_, batch({0, 1}, {5}), ws);
+  auto rng = make_rng(1061);
+  const MlaDims& d = cfg_.dims;
+  MlaAttention layer(
+      other, random_tensor(rng, {d.num_heads * d.kv_b_out_dim(), d.kv_lora_rank}, DType::kF32));
+  Tensor q = random_tensor(rng, {1, d.num_heads, d.qk_head_dim()}, DType::kF32);
+  Tensor kv = random_tensor(rng, {1, d.entry_dim()}, DType::kF32);
+  Tensor cache = random_tensor(rng, {20, 8, d.entry_dim()}, DType::kF32);
+  Tensor out = nan_tensor({1, d.num_heads * d.v_head_dim}, DType::kF32);
+  expect_error(
+      [&] {
+        layer.forward(q, kv.view().narrow(1, 0, d.kv_lora_rank),
+                      kv.view().narrow(1, d.kv_lora_rank, d.qk_rope_head_dim), cache, step, out);
+      },
+      ErrorCode::kInvalidArgument, "another configuration");
+}
+
+TEST_F(StepPlanRules, StepsBeyondTheLimitsAreRejectedByName) {
+  Workspace ws(cfg_);
+  expect_error(
+      [&] {
+        plan_step(cfg_, batch({0, 1, 2, 3, 4, 5}, {5, 5, 5, 5, 5}), ws);
+      },
+      ErrorCode::kInvalidArgument, "max_num_seqs");
+  expect_error(
+      [&] {
+        plan_step(cfg_, batch({0, 17}, {20}), ws);
+      },
+      ErrorCode::kInvalidArgument, "max_num_batched_tokens");
+  expect_error(
+      [&] {
+        plan_step(cfg_, batch({0, 1}, {65}), ws);
+      },
+      ErrorCode::kInvalidArgument, "max_model_len");
+}
+
+TEST_F(StepPlanRules, SameLaunchesForTheSameShape) {
+  Workspace ws(cfg_), other_ws(cfg_);
+  const StepPlan a = plan_step(cfg_, batch({0, 1, 2}, {9, 20}), ws);
+  // Another step of the same shape: a graph captured for `a` replays it.
+  const StepPlan b = plan_step(cfg_, batch({0, 1, 2}, {9, 20}), ws);
+  EXPECT_TRUE(a.same_launches(b));
+  const StepPlan more_tokens = plan_step(cfg_, batch({0, 1, 2, 3}, {9, 20, 4}), ws);
+  EXPECT_FALSE(a.same_launches(more_tokens));
+  const StepPlan elsewhere = plan_step(cfg_, batch({0, 1, 2}, {9, 20}), other_ws);
+  EXPECT_FALSE(a.same_launches(elsewhere));
+}
+
+TEST_F(StepPlanRules, PlanValidatesTheBatchLikeForward) {
+  auto rng = make_rng(1062);
+  const MlaDims& d = cfg_.dims;
+  MlaAttention layer(
+      cfg_, random_tensor(rng, {d.num_heads * d.kv_b_out_dim(), d.kv_lora_rank}, DType::kF32));
+  ForwardBatch b = batch({0, 1, 2}, {9, 20});
+  Tensor short_table = Tensor::zeros({1, 16}, DType::kI32);  // fewer rows than requests
+  b.block_table = short_table;
+  expect_error([&] { layer.plan(b); }, ErrorCode::kInvalidArgument, "batch.block_table");
+  Tensor narrow_table = Tensor::zeros({2, 2}, DType::kI32);  // request 1 needs 5 blocks
+  b.block_table = narrow_table;
+  expect_error([&] { layer.plan(b); }, ErrorCode::kOutOfRange, "block_table_width");
+}
+
+}  // namespace
+}  // namespace mlakit::test
