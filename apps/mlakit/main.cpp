@@ -127,6 +127,8 @@ void add_run_options(CLI::App& run, RunOptions& o) {
       ->capture_default_str();
   run.add_option("--json", o.json_path, "also write the summary as JSON to PATH");
   run.add_flag("--no-progress", o.no_progress, "no progress output on stderr");
+  run.add_flag("--cuda-graphs", o.cuda_graphs,
+               "replay decode-only steps as CUDA graphs, one per batch bucket (--device cuda)");
 }
 
 int run_command(const RunOptions& options) {

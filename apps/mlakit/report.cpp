@@ -18,12 +18,20 @@ std::string range_string(const sim::LenRange& r) {
                         : std::to_string(r.min) + ":" + std::to_string(r.max);
 }
 
+// Host time of one layer's forward() call (a graph launch shared by its layers), in us.
+double per_layer_us(const PhaseStats& p) {
+  return p.layer_calls > 0 ? 1e6 * p.host_s / static_cast<double>(p.layer_calls) : 0.0;
+}
+
 nlohmann::json phase_json(const PhaseStats& p) {
   return {{"steps", p.steps},
           {"prompt_tokens", p.prompt_tokens},
           {"decode_tokens", p.decode_tokens},
           {"wall_s", p.wall_s},
           {"forward_s", p.forward_s},
+          {"host_s", p.host_s},
+          {"layer_calls", p.layer_calls},
+          {"host_us_per_layer", per_layer_us(p)},
           {"prefill_gflop", p.prefill_flops * 1e-9},
           {"decode_gflop", p.decode_flops * 1e-9},
           {"decode_gbytes", p.decode_bytes * 1e-9}};
@@ -96,6 +104,12 @@ nlohmann::json summary_json(const RunConfig& c, const RunResult& r) {
   // steps memory-bound.
   j["work_rate"] = {{"prefill_gflop_s", rate(r.prefill.prefill_flops, r.prefill.forward_s) * 1e-9},
                     {"decode_gb_s", rate(r.decode.decode_bytes, r.decode.forward_s) * 1e-9}};
+  j["step_plan"] = {{"plan_step_us", r.plan_s > 0 ? 1e6 * r.plan_s / s.steps : 0.0},
+                    {"workspace_bytes", r.workspace_bytes},
+                    {"workspace_peak_bytes", r.workspace_peak_bytes},
+                    {"cuda_graphs", c.cuda_graphs},
+                    {"graph_captures", r.graph_captures},
+                    {"graph_replays", r.graph_replays}};
   j["kv_cache"] = {
       {"block_size", c.scheduler.block_size},     {"capacity_blocks", c.scheduler.num_blocks},
       {"peak_blocks", s.peak_blocks_used},        {"bytes_per_layer", r.cache_bytes_per_layer},
@@ -154,6 +168,19 @@ void print_summary(std::ostream& os, const RunConfig& c, const RunResult& r) {
   const std::string verify_time = c.verify.enabled ? format(", verify %.3f s", r.verify_s) : "";
   os << format("time       total %.3f s, forward %.3f s (%.0f%%), setup %.3f s%s\n", r.loop_s,
                r.forward_s(), forward_share, r.setup_s, verify_time.c_str());
+  os << format(
+      "host       plan_step %.1f us per step; forward() %.2f us per layer call in prefill steps, "
+      "%.2f us in decode-only steps%s\n",
+      s.steps > 0 ? 1e6 * r.plan_s / static_cast<double>(s.steps) : 0.0, per_layer_us(r.prefill),
+      per_layer_us(r.decode), c.cuda_graphs ? " (graph launch / layers)" : "");
+  os << format("workspace  %.1f MiB shared by %lld layers, peak step use %.1f MiB%s\n",
+               static_cast<double>(r.workspace_bytes) / mib, static_cast<long long>(c.num_layers),
+               static_cast<double>(r.workspace_peak_bytes) / mib,
+               c.cuda_graphs ? format("; CUDA graphs: %lld captured, %lld replays",
+                                      static_cast<long long>(r.graph_captures),
+                                      static_cast<long long>(r.graph_replays))
+                                   .c_str()
+                             : "");
   os << format(
       "kv cache   peak %lld / %lld blocks (%.0f%%), %.1f MiB per layer; prefix-cache hits "
       "%lld tokens, %lld evictions\n",

@@ -97,6 +97,11 @@ RunConfig resolve_run_options(const RunOptions& o) {
   c.device = parse_device(o.device);
   c.verify = {o.verify, o.verify_every, o.verify_heads};
   c.progress = !o.no_progress;
+  c.cuda_graphs = o.cuda_graphs;
+  if (c.cuda_graphs && !c.device.is_cuda()) {
+    invalid("--cuda-graphs needs --device cuda (CUDA graphs replay GPU work), got --device " +
+            o.device);
+  }
   return c;
 }
 

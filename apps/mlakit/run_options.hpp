@@ -32,6 +32,7 @@ struct RunOptions {
   int64_t verify_heads = 4;
   std::string json_path;
   bool no_progress = false;
+  bool cuda_graphs = false;
 };
 
 // "bf16" / "f16" / "f32" (also "bfloat16", "float16", "float32"); throws on anything else.

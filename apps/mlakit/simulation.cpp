@@ -6,6 +6,7 @@
 #include <memory>
 #include <vector>
 
+#include "decode_graphs.hpp"
 #include "device_io.hpp"
 #include "mlakit/attention.hpp"
 #include "mlakit/kv_cache.hpp"
@@ -40,6 +41,7 @@ struct StepBuffers {
   Tensor kv_host;   // [T_max, L + R]: kv_c = columns [0, L), k_pe = [L, L + R) (row stride L+R)
   Tensor out_host;  // [T_max, N * V] (CUDA runs: the output copied back for verification)
   Tensor q_dev, kv_dev, out_dev;
+  Tensor graph_out_dev;     // [layers, R_max, N * V]: each layer's output in graph steps
   Tensor block_table_dev;   // i32 [R_max * W_max] (CUDA runs)
   Tensor slot_mapping_dev;  // i64 [T_max] (CUDA runs)
 };
@@ -62,6 +64,10 @@ StepBuffers make_buffers(const RunConfig& c, int64_t max_blocks_per_request) {
   b.out_dev = Tensor::empty({t_max, d.num_heads * d.v_head_dim}, c.dtype, c.device);
   b.block_table_dev =
       Tensor::empty({c.scheduler.max_num_seqs * max_blocks_per_request}, DType::kI32, c.device);
+  if (c.cuda_graphs) {
+    b.graph_out_dev = Tensor::empty(
+        {c.num_layers, c.scheduler.max_num_seqs, d.num_heads * d.v_head_dim}, c.dtype, c.device);
+  }
   b.slot_mapping_dev = Tensor::empty({t_max}, DType::kI64, c.device);
   return b;
 }
@@ -125,6 +131,7 @@ RunResult run_simulation(const RunConfig& c) {
   attention_config.workspace_tokens = c.workspace_tokens;
   attention_config.max_model_len = max_model_len;
   attention_config.max_num_seqs = c.scheduler.max_num_seqs;
+  attention_config.max_num_batched_tokens = c.scheduler.max_num_batched_tokens;
   attention_config.device = c.device;
 
   std::vector<Layer> layers(c.num_layers);
@@ -139,52 +146,95 @@ RunResult run_simulation(const RunConfig& c) {
   }
   StepBuffers buf = make_buffers(c, max_blocks_per_request);
   RandomRows activations(c.dtype, /*stddev=*/1.0, c.workload.seed ^ kActivationStream);
+  const RunStream run_stream(c.device);
+  const Stream stream = run_stream.get();
+  // One workspace for every layer, sized for the scheduler's limits; the profile run commits it.
+  Workspace workspace(attention_config);
+  workspace.touch(stream);
+  result.workspace_bytes = workspace.bytes();
+  std::unique_ptr<DecodeGraphs> graphs;
+  if (c.cuda_graphs) graphs = std::make_unique<DecodeGraphs>(c.device);
   result.setup_s = seconds_since(setup_start);
 
   Progress progress(c.progress, total_tokens, result.num_requests);
   const int64_t l = d.kv_lora_rank, r = d.qk_rope_head_dim;
+  const TensorView q_host_rows =
+      buf.q_host.view().reshape({buf.q_host.size(0), d.num_heads * d.qk_head_dim()});
+  // New activations of one layer into the host buffers and, for a GPU, their device twins.
+  auto fill_activations = [&](int64_t tokens) {
+    activations.fill(q_host_rows, tokens);
+    activations.fill(buf.kv_host, tokens);
+    if (c.device.is_cpu()) return;
+    copy_to_device(buf.q_dev, buf.q_host.data<void>(),
+                   tokens * q_host_rows.stride(0) * q_host_rows.element_size());
+    copy_to_device(buf.kv_dev, buf.kv_host.data<void>(),
+                   tokens * buf.kv_host.view().stride(0) * buf.kv_host.view().element_size());
+  };
+  auto forward_layer = [&](int64_t i, const StepPlan& plan, int64_t t, const TensorView& out) {
+    layers[i].attention->forward(buf.q_dev.view().narrow(0, 0, t),
+                                 kv_c_of(buf.kv_dev, l).narrow(0, 0, t),
+                                 k_pe_of(buf.kv_dev, l, r).narrow(0, 0, t), layers[i].kv_cache,
+                                 plan, out.narrow(0, 0, t), scales, stream);
+  };
   const auto loop_start = Clock::now();
   for (int64_t step_index = 0; !scheduler.done(); ++step_index) {
     const auto step_start = Clock::now();
     const sim::Step step = scheduler.schedule();
-    const sim::StepBatch batch = sim::make_step_batch(step, scheduler);
+    sim::StepBatch batch = sim::make_step_batch(step, scheduler);
+    const bool graph_step = graphs != nullptr && !step.has_prefill();
+    if (graph_step) {
+      pad_decode_batch(batch, decode_bucket(batch.num_reqs(), c.scheduler.max_num_seqs),
+                       max_blocks_per_request);
+    }
     const int64_t t = batch.num_tokens();
-
     const ForwardBatch forward_batch = to_forward_batch(batch, buf, c.device);
+    const auto plan_start = Clock::now();
+    const StepPlan plan = plan_step(attention_config, forward_batch, workspace, stream);
+    result.plan_s += seconds_since(plan_start);
+    result.workspace_peak_bytes =
+        std::max(result.workspace_peak_bytes, plan.workspace_bytes_used());
 
     PhaseStats& phase = step.has_prefill() ? result.prefill : result.decode;
     const int64_t layer_to_verify = verifier.plan_step(step.has_prefill());
     double verify_s = 0.0;
-    for (int64_t i = 0; i < c.num_layers; ++i) {
-      const TensorView q_host =
-          buf.q_host.view().reshape({buf.q_host.size(0), d.num_heads * d.qk_head_dim()});
-      activations.fill(q_host, t);
-      activations.fill(buf.kv_host, t);
+    auto verify_layer = [&](int64_t i, const TensorView& out) {
+      const auto verify_start = Clock::now();
       if (!c.device.is_cpu()) {
-        copy_to_device(buf.q_dev, buf.q_host.data<void>(),
-                       t * q_host.stride(0) * q_host.element_size());
-        copy_to_device(buf.kv_dev, buf.kv_host.data<void>(),
-                       t * buf.kv_host.view().stride(0) * buf.kv_host.view().element_size());
+        copy_to_host(buf.out_host.data<void>(), out,
+                     t * buf.out_host.view().stride(0) * buf.out_host.view().element_size());
       }
-      verifier.record_writes(i, kv_c_of(buf.kv_host, l), k_pe_of(buf.kv_host, l, r), batch);
-
+      verifier.check(i, batch, buf.q_host, kv_c_of(buf.kv_host, l), k_pe_of(buf.kv_host, l, r),
+                     buf.out_host);
+      verify_s += seconds_since(verify_start);
+    };
+    if (graph_step) {
+      // Every layer reads this step's one set of activations and writes its own output rows.
+      fill_activations(t);
+      for (int64_t i = 0; i < c.num_layers; ++i)
+        verifier.record_writes(i, kv_c_of(buf.kv_host, l), k_pe_of(buf.kv_host, l, r), batch);
+      auto graph_out = [&](int64_t i) {
+        return buf.graph_out_dev.view().narrow(0, i, 1).reshape(
+            {buf.graph_out_dev.size(1), buf.graph_out_dev.size(2)});
+      };
       const auto forward_start = Clock::now();
-      layers[i].attention->forward(buf.q_dev.view().narrow(0, 0, t),
-                                   kv_c_of(buf.kv_dev, l).narrow(0, 0, t),
-                                   k_pe_of(buf.kv_dev, l, r).narrow(0, 0, t), layers[i].kv_cache,
-                                   &forward_batch, buf.out_dev.view().narrow(0, 0, t), scales);
+      phase.host_s += graphs->run(plan, stream, [&] {
+        for (int64_t i = 0; i < c.num_layers; ++i) forward_layer(i, plan, t, graph_out(i));
+      });
       synchronize(c.device);
       phase.forward_s += seconds_since(forward_start);
-
-      if (i == layer_to_verify) {
-        const auto verify_start = Clock::now();
-        if (!c.device.is_cpu()) {
-          copy_to_host(buf.out_host.data<void>(), buf.out_dev,
-                       t * buf.out_host.view().stride(0) * buf.out_host.view().element_size());
-        }
-        verifier.check(i, batch, buf.q_host, kv_c_of(buf.kv_host, l), k_pe_of(buf.kv_host, l, r),
-                       buf.out_host);
-        verify_s += seconds_since(verify_start);
+      phase.layer_calls += c.num_layers;
+      if (layer_to_verify >= 0) verify_layer(layer_to_verify, graph_out(layer_to_verify));
+    } else {
+      for (int64_t i = 0; i < c.num_layers; ++i) {
+        fill_activations(t);
+        verifier.record_writes(i, kv_c_of(buf.kv_host, l), k_pe_of(buf.kv_host, l, r), batch);
+        const auto forward_start = Clock::now();
+        forward_layer(i, plan, t, buf.out_dev);
+        phase.host_s += seconds_since(forward_start);
+        synchronize(c.device);
+        phase.forward_s += seconds_since(forward_start);
+        ++phase.layer_calls;
+        if (i == layer_to_verify) verify_layer(i, buf.out_dev);
       }
     }
     scheduler.complete(step);
@@ -202,6 +252,10 @@ RunResult run_simulation(const RunConfig& c) {
     const sim::SchedulerStats& s = scheduler.stats();
     progress.update(step_index + 1, s.prompt_tokens + s.decode_tokens + s.prefix_hit_tokens,
                     s.finished);
+  }
+  if (graphs) {
+    result.graph_captures = graphs->captures();
+    result.graph_replays = graphs->replays();
   }
   progress.finish();
   result.loop_s = seconds_since(loop_start) - result.verify_s;

@@ -27,14 +27,17 @@ struct RunConfig {
   Device device{};
   VerifyConfig verify;
   bool progress = true;
+  bool cuda_graphs = false;  // decode-only steps replayed as CUDA graphs (decode_graphs.hpp)
 };
 
 struct PhaseStats {
   int64_t steps = 0;
   int64_t prompt_tokens = 0;
   int64_t decode_tokens = 0;
-  double wall_s = 0.0;         // whole steps: scheduling, inputs, forward (verification excluded)
-  double forward_s = 0.0;      // MlaAttention::forward summed over layers
+  double wall_s = 0.0;      // whole steps: scheduling, inputs, forward (verification excluded)
+  double forward_s = 0.0;   // MlaAttention::forward summed over layers (until the device is done)
+  double host_s = 0.0;      // host time of the forward() calls / graph launches alone
+  int64_t layer_calls = 0;  // layer forwards (a graph replay counts one per layer)
   double prefill_flops = 0.0;  // work_model.hpp, summed over layers
   double decode_flops = 0.0;
   double decode_bytes = 0.0;
@@ -45,11 +48,16 @@ struct RunResult {
   sim::SchedulerStats scheduler;
   int64_t evictions = 0;  // cached prefix blocks reused for other data
   int64_t cache_bytes_per_layer = 0;
-  PhaseStats prefill;     // steps with at least one prompt token
-  PhaseStats decode;      // decode-only steps
-  double setup_s = 0.0;   // weights, absorption, caches, buffers
-  double loop_s = 0.0;    // the serving loop, verification excluded
-  double verify_s = 0.0;  // oracle time
+  PhaseStats prefill;                // steps with at least one prompt token
+  PhaseStats decode;                 // decode-only steps
+  double setup_s = 0.0;              // weights, absorption, caches, buffers
+  double loop_s = 0.0;               // the serving loop, verification excluded
+  double verify_s = 0.0;             // oracle time
+  double plan_s = 0.0;               // plan_step, once per step
+  int64_t workspace_bytes = 0;       // the one Workspace every layer shares
+  int64_t workspace_peak_bytes = 0;  // the most any step used of it
+  int64_t graph_captures = 0;
+  int64_t graph_replays = 0;
   VerifyResult verify;
 
   double forward_s() const { return prefill.forward_s + decode.forward_s; }

@@ -104,7 +104,10 @@ int64_t Verifier::plan_step(bool has_prefill) {
 void Verifier::check(int64_t layer, const sim::StepBatch& batch, const TensorView& q,
                      const TensorView& kv_c, const TensorView& k_pe, const TensorView& output) {
   const int64_t sample = samples_++;
-  const int64_t nd = batch.num_decodes, np = batch.num_reqs() - nd;
+  const int64_t np = batch.num_reqs() - batch.num_decodes;
+  // CUDA-graph padding requests (q_len 0) trail the decodes and have nothing to check.
+  int64_t nd = 0;
+  while (nd < batch.num_decodes && batch.query_start_loc[nd + 1] > batch.query_start_loc[nd]) ++nd;
   if (nd > 0) check_request(layer, batch, sample % nd, q, kv_c, k_pe, output);
   if (np > 0) check_request(layer, batch, nd + sample % np, q, kv_c, k_pe, output);
 }

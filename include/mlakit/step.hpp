@@ -103,6 +103,8 @@ class StepPlan {
  public:
   StepPlan();
   ~StepPlan();
+  StepPlan(const StepPlan& other);  // a copy is valid exactly as long as the original
+  StepPlan& operator=(const StepPlan& other);
   StepPlan(StepPlan&&) noexcept;
   StepPlan& operator=(StepPlan&&) noexcept;
 

@@ -172,6 +172,11 @@ void Workspace::touch(Stream stream) { ops::fill_zero(state_->buffer, stream); }
 
 StepPlan::StepPlan() : state_(std::make_unique<State>()) {}
 StepPlan::~StepPlan() = default;
+StepPlan::StepPlan(const StepPlan& other) : state_(std::make_unique<State>(*other.state_)) {}
+StepPlan& StepPlan::operator=(const StepPlan& other) {
+  if (this != &other) *state_ = *other.state_;
+  return *this;
+}
 StepPlan::StepPlan(StepPlan&&) noexcept = default;
 StepPlan& StepPlan::operator=(StepPlan&&) noexcept = default;
 

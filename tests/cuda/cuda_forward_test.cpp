@@ -85,5 +85,29 @@ TEST(CudaForward, OneHundredTwentyEightHeads) {
                         KvCacheDType::kAuto, 64, {32, 40, 48, 56}, {1, 1, 5, 5}, 1300));
 }
 
+TEST(CudaForward, LayersShareOneStepPlan) {
+  if (!has_gpu()) GTEST_SKIP() << "no CUDA device on this machine: GPU test skipped";
+  uint64_t stream = 1400;
+  for (KvCacheDType kv : {KvCacheDType::kAuto, KvCacheDType::kFp8E4m3, KvCacheDType::kFp8DsMla}) {
+    E2eCase c = gpu_case("step_plan_layers", kDeepSeek16, DType::kBF16, kv, 16,
+                         {150, 70, 260, 45, 17}, {1, 1, 20, 5, 16}, stream++);
+    c.step_plan = true;
+    c.num_layers = 3;
+    c.workspace_tokens = 64;  // several context chunks
+    if (kv == KvCacheDType::kFp8E4m3) {
+      c.q_scale = 2;
+      c.k_scale = 3;
+    }
+    SCOPED_TRACE(kv_cache_dtype_name(kv));
+    EXPECT_GE(run_e2e_case(c).context_chunks, 3);
+  }
+  E2eCase padded = gpu_case("step_plan_padded_after_prefill", kDeepSeek16, DType::kBF16,
+                            KvCacheDType::kAuto, 64, {33, 64, 20}, {1, 1, 20}, stream++);
+  padded.step_plan = true;
+  padded.padding_requests = 2;
+  padded.padding_tokens = 3;
+  run_e2e_case(padded);
+}
+
 }  // namespace
 }  // namespace mlakit::test

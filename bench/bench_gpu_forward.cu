@@ -1,0 +1,352 @@
+// A whole decode step of an L-layer model through the engine path (plan_step once, then
+// MlaAttention::forward per layer over one shared Workspace), on one GPU, three ways:
+//   eager host  host time of one forward() call (no synchronization: launches only), per layer;
+//   graph       the step's L forwards captured once in a CUDA graph and replayed: device time per
+//               layer (events around each replay, median);
+//   kernels     the device time of one layer's own kernels, memsets and copies, summed from CUPTI
+//               activity records of eager runs (what a layer would cost with no gap between them).
+// The issue-9 bars: graph time per layer <= 1.10 x the kernel sum; eager host time <= 10 us.
+//   bench_gpu_forward [--layers 61] [--batch 8] [--seq-len 1024] [--heads 128] [--json FILE]
+#include <cuda_runtime.h>
+#include <cupti.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <random>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "mlakit/attention.hpp"
+#include "mlakit/kv_cache.hpp"
+#include "mlakit/ops.hpp"
+#include "mlakit/step.hpp"
+
+namespace {
+
+using mlakit::Device;
+using mlakit::DType;
+using mlakit::Tensor;
+
+constexpr int kWarmups = 3;               // untimed runs before each measurement
+constexpr int kReps = 21;                 // timed runs per measurement (median)
+constexpr int64_t kBlockSize = 64;        // DeepSeek-V3 serving page size
+constexpr float kScale = 0.1352338f;      // DeepSeek-V3 softmax scale
+constexpr size_t kCuptiBuffer = 8 << 20;  // bytes per CUPTI activity buffer: thousands of records
+
+void check(cudaError_t status, const char* what) {
+  if (status != cudaSuccess) {
+    std::fprintf(stderr, "%s failed: %s\n", what, cudaGetErrorString(status));
+    std::exit(1);
+  }
+}
+void check(CUptiResult status, const char* what) {
+  if (status != CUPTI_SUCCESS) {
+    const char* message = nullptr;
+    cuptiGetResultString(status, &message);
+    std::fprintf(stderr, "%s failed: %s\n", what, message ? message : "?");
+    std::exit(1);
+  }
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+// ---- CUPTI: device time of everything a region enqueues
+// ------------------------------------------
+
+uint64_t g_device_ns = 0;  // summed durations of the kernels, memsets and copies recorded
+int64_t g_records = 0;
+
+void CUPTIAPI buffer_requested(uint8_t** buffer, size_t* size, size_t* max_records) {
+  *buffer = static_cast<uint8_t*>(std::aligned_alloc(8, kCuptiBuffer));
+  *size = kCuptiBuffer;
+  *max_records = 0;
+}
+
+void CUPTIAPI buffer_completed(CUcontext, uint32_t, uint8_t* buffer, size_t, size_t valid) {
+  CUpti_Activity* record = nullptr;
+  while (cuptiActivityGetNextRecord(buffer, valid, &record) == CUPTI_SUCCESS) {
+    uint64_t start = 0, end = 0;
+    switch (record->kind) {
+      case CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL: {
+        const auto* k = reinterpret_cast<const CUpti_ActivityKernel10*>(record);
+        start = k->start;
+        end = k->end;
+        break;
+      }
+      case CUPTI_ACTIVITY_KIND_MEMSET: {
+        const auto* m = reinterpret_cast<const CUpti_ActivityMemset4*>(record);
+        start = m->start;
+        end = m->end;
+        break;
+      }
+      case CUPTI_ACTIVITY_KIND_MEMCPY: {
+        const auto* m = reinterpret_cast<const CUpti_ActivityMemcpy6*>(record);
+        start = m->start;
+        end = m->end;
+        break;
+      }
+      default:
+        continue;
+    }
+    g_device_ns += end - start;
+    ++g_records;
+  }
+  std::free(buffer);
+}
+
+// Summed device time (us) and number of device activities of fn().
+template <class Fn>
+std::pair<double, int64_t> device_activity(Fn&& fn) {
+  check(cuptiActivityFlushAll(1), "cuptiActivityFlushAll");
+  g_device_ns = 0;
+  g_records = 0;
+  for (CUpti_ActivityKind kind : {CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL, CUPTI_ACTIVITY_KIND_MEMSET,
+                                  CUPTI_ACTIVITY_KIND_MEMCPY}) {
+    check(cuptiActivityEnable(kind), "cuptiActivityEnable");
+  }
+  fn();
+  check(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
+  for (CUpti_ActivityKind kind : {CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL, CUPTI_ACTIVITY_KIND_MEMSET,
+                                  CUPTI_ACTIVITY_KIND_MEMCPY}) {
+    check(cuptiActivityDisable(kind), "cuptiActivityDisable");
+  }
+  check(cuptiActivityFlushAll(1), "cuptiActivityFlushAll");
+  return {static_cast<double>(g_device_ns) * 1e-3, g_records};
+}
+
+// ---- the model
+// -----------------------------------------------------------------------------------
+
+struct Options {
+  int64_t layers = 61, batch = 8, seq_len = 1024, heads = 128;
+  std::string json;
+};
+
+Options parse(int argc, char** argv) {
+  Options o;
+  for (int i = 1; i + 1 < argc; i += 2) {
+    const std::string key = argv[i], value = argv[i + 1];
+    if (key == "--json") {
+      o.json = value;
+      continue;
+    }
+    const int64_t v = std::atoll(value.c_str());
+    if (key == "--layers") {
+      o.layers = v;
+    } else if (key == "--batch") {
+      o.batch = v;
+    } else if (key == "--seq-len") {
+      o.seq_len = v;
+    } else if (key == "--heads") {
+      o.heads = v;
+    } else {
+      std::fprintf(stderr, "unknown option %s\n", key.c_str());
+      std::exit(2);
+    }
+  }
+  if (o.layers < 1 || o.batch < 1 || o.seq_len < 1 || o.heads < 1) {
+    std::fprintf(stderr, "--layers, --batch, --seq-len and --heads must be >= 1\n");
+    std::exit(2);
+  }
+  return o;
+}
+
+// A host bf16 tensor of N(0, stddev^2) values.
+Tensor host_random(std::mt19937_64& rng, std::initializer_list<int64_t> shape, double stddev) {
+  const Tensor f32 = Tensor::empty(shape, DType::kF32);
+  std::normal_distribution<float> dist(0.0f, static_cast<float>(stddev));
+  for (int64_t i = 0; i < f32.numel(); ++i) f32.data<float>()[i] = dist(rng);
+  Tensor bf16 = Tensor::empty(shape, DType::kBF16);
+  mlakit::ops::copy(f32, bf16);
+  return bf16;
+}
+
+// A device copy of a host tensor.
+Tensor to_gpu(const Tensor& host) {
+  const mlakit::TensorView& v = host.view();
+  Tensor dev = Tensor::empty(std::span<const int64_t>(v.shape, v.ndim), v.dtype, Device::cuda(0));
+  mlakit::ops::copy(host, dev);
+  return dev;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const Options o = parse(argc, argv);
+  const Device gpu = Device::cuda(0);
+  std::mt19937_64 rng(20261203);
+  mlakit::MlaAttentionConfig cfg;
+  cfg.dims = mlakit::MlaDims{o.heads, 512, 64, 128, 128};
+  cfg.scale = kScale;
+  cfg.act_dtype = DType::kBF16;
+  cfg.block_size = kBlockSize;
+  cfg.max_num_seqs = o.batch;
+  cfg.max_num_batched_tokens = o.batch;
+  cfg.max_model_len = o.seq_len + kBlockSize;
+  cfg.device = gpu;
+  const mlakit::MlaDims& d = cfg.dims;
+
+  // One decode request per row, lengths around seq_len, each on its own pages.
+  const int64_t width = (cfg.max_model_len + kBlockSize - 1) / kBlockSize;
+  const int64_t num_blocks = o.batch * width + 1;
+  std::vector<int32_t> qsl{0}, seq_lens;
+  std::vector<int64_t> table(static_cast<size_t>(o.batch * width)), slots;
+  std::uniform_int_distribution<int64_t> jitter(-32, 32);  // +-32 keys: not all lengths equal
+  for (int64_t r = 0; r < o.batch; ++r) {
+    const int64_t len = std::max<int64_t>(1, o.seq_len + jitter(rng));
+    seq_lens.push_back(static_cast<int32_t>(len));
+    qsl.push_back(qsl.back() + 1);
+    for (int64_t c = 0; c < width; ++c) table[r * width + c] = 1 + r * width + c;
+    slots.push_back(table[r * width + (len - 1) / kBlockSize] * kBlockSize +
+                    (len - 1) % kBlockSize);
+  }
+  auto index_tensor = [&](const std::vector<int64_t>& v, std::initializer_list<int64_t> shape,
+                          DType dtype) {
+    Tensor host = Tensor::empty(shape, dtype);
+    for (size_t i = 0; i < v.size(); ++i) {
+      if (dtype == DType::kI32) {
+        host.data<int32_t>()[i] = static_cast<int32_t>(v[i]);
+      } else {
+        host.data<int64_t>()[i] = v[i];
+      }
+    }
+    return to_gpu(host);
+  };
+  const Tensor block_table = index_tensor(table, {o.batch, width}, DType::kI32);
+  const Tensor slot_mapping = index_tensor(slots, {o.batch}, DType::kI64);
+
+  std::vector<std::unique_ptr<mlakit::MlaAttention>> layers;
+  std::vector<Tensor> caches, outputs;
+  for (int64_t l = 0; l < o.layers; ++l) {
+    // kv_b_proj ~ N(0, 1/L) (0.044 ~ 1/sqrt(512)): up-projected values keep unit variance.
+    layers.push_back(std::make_unique<mlakit::MlaAttention>(
+        cfg, host_random(rng, {d.num_heads * d.kv_b_out_dim(), d.kv_lora_rank}, 0.044)));
+    caches.push_back(to_gpu(host_random(rng, {num_blocks, kBlockSize, d.entry_dim()}, 1.0)));
+    outputs.push_back(Tensor::empty({o.batch, d.num_heads * d.v_head_dim}, DType::kBF16, gpu));
+  }
+  const Tensor q = to_gpu(host_random(rng, {o.batch, d.num_heads, d.qk_head_dim()}, 1.0));
+  const Tensor kv = to_gpu(host_random(rng, {o.batch, d.entry_dim()}, 1.0));
+  const mlakit::TensorView kv_c = kv.view().narrow(1, 0, d.kv_lora_rank);
+  const mlakit::TensorView k_pe = kv.view().narrow(1, d.kv_lora_rank, d.qk_rope_head_dim);
+
+  cudaStream_t stream = nullptr;
+  check(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "cudaStreamCreate");
+  const mlakit::Stream s{stream};
+  mlakit::Workspace workspace(cfg);
+  workspace.touch(s);
+  mlakit::ForwardBatch batch;
+  batch.query_start_loc = qsl;
+  batch.seq_lens = seq_lens;
+  batch.num_actual_tokens = o.batch;
+  batch.block_table = block_table;
+  batch.slot_mapping = slot_mapping;
+
+  using Clock = std::chrono::steady_clock;
+  const auto plan_start = Clock::now();
+  const mlakit::StepPlan plan = mlakit::plan_step(cfg, batch, workspace, s);
+  const double plan_us =
+      std::chrono::duration<double, std::micro>(Clock::now() - plan_start).count();
+  auto run_layer = [&](int64_t l) {
+    layers[l]->forward(q, kv_c, k_pe, caches[l], plan, outputs[l], {}, s);
+  };
+  auto run_step = [&] {
+    for (int64_t l = 0; l < o.layers; ++l) run_layer(l);
+  };
+
+  // Eager: host time of the L forward() calls (launches only), then the step's device time.
+  cudaEvent_t start = nullptr, stop = nullptr;
+  check(cudaEventCreate(&start), "cudaEventCreate");
+  check(cudaEventCreate(&stop), "cudaEventCreate");
+  std::vector<double> host_us, eager_us, graph_us;
+  for (int rep = 0; rep < kWarmups + kReps; ++rep) {
+    check(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
+    check(cudaEventRecord(start, stream), "cudaEventRecord");
+    const auto t0 = Clock::now();
+    run_step();
+    const double host = std::chrono::duration<double, std::micro>(Clock::now() - t0).count();
+    check(cudaEventRecord(stop, stream), "cudaEventRecord");
+    check(cudaEventSynchronize(stop), "cudaEventSynchronize");
+    float ms = 0;
+    check(cudaEventElapsedTime(&ms, start, stop), "cudaEventElapsedTime");
+    if (rep >= kWarmups) {
+      host_us.push_back(host / static_cast<double>(o.layers));
+      eager_us.push_back(1e3 * ms / static_cast<double>(o.layers));
+    }
+  }
+
+  // Kernel time of one layer: CUPTI records of kReps eager runs of layer 0.
+  check(cuptiActivityRegisterCallbacks(buffer_requested, buffer_completed),
+        "cuptiActivityRegisterCallbacks");
+  for (int rep = 0; rep < kWarmups; ++rep) run_layer(0);
+  const auto [kernel_total_us, records] = device_activity([&] {
+    for (int rep = 0; rep < kReps; ++rep) run_layer(0);
+  });
+  const double kernel_us = kernel_total_us / kReps;
+  const double activities_per_layer = static_cast<double>(records) / kReps;
+
+  // Graph: the whole step captured once, replayed.
+  cudaGraph_t graph = nullptr;
+  cudaGraphExec_t exec = nullptr;
+  check(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal), "cudaStreamBeginCapture");
+  run_step();
+  check(cudaStreamEndCapture(stream, &graph), "cudaStreamEndCapture");
+  check(cudaGraphInstantiate(&exec, graph, 0), "cudaGraphInstantiate");
+  for (int rep = 0; rep < kWarmups + kReps; ++rep) {
+    check(cudaEventRecord(start, stream), "cudaEventRecord");
+    check(cudaGraphLaunch(exec, stream), "cudaGraphLaunch");
+    check(cudaEventRecord(stop, stream), "cudaEventRecord");
+    check(cudaEventSynchronize(stop), "cudaEventSynchronize");
+    float ms = 0;
+    check(cudaEventElapsedTime(&ms, start, stop), "cudaEventElapsedTime");
+    if (rep >= kWarmups) graph_us.push_back(1e3 * ms / static_cast<double>(o.layers));
+  }
+  mlakit::ops::check_device_errors(gpu, s);
+
+  const double host = median(host_us), eager = median(eager_us), replay = median(graph_us);
+  const double ratio = replay / kernel_us;
+  std::printf("decode step: %lld layers, B %lld, s_kv ~%lld, h_q %lld, bf16 cache, page %lld\n",
+              static_cast<long long>(o.layers), static_cast<long long>(o.batch),
+              static_cast<long long>(o.seq_len), static_cast<long long>(o.heads),
+              static_cast<long long>(kBlockSize));
+  std::printf("workspace %.1f MiB (step uses %.1f MiB), plan_step %.1f us\n",
+              workspace.bytes() / 1048576.0, plan.workspace_bytes_used() / 1048576.0, plan_us);
+  std::printf("| per layer | us | bar |\n|---|---|---|\n");
+  std::printf("| eager forward() host time | %.2f | <= 10 (%s) |\n", host,
+              host <= 10.0 ? "met" : "NOT met");
+  std::printf("| eager device time | %.2f | |\n", eager);
+  std::printf("| kernels (CUPTI sum, %.1f activities) | %.2f | |\n", activities_per_layer,
+              kernel_us);
+  std::printf("| graph replay | %.2f | <= 1.10 x kernels: %.3f (%s) |\n", replay, ratio,
+              ratio <= 1.10 ? "met" : "NOT met");
+  if (!o.json.empty()) {
+    FILE* f = std::fopen(o.json.c_str(), "w");
+    if (f == nullptr) {
+      std::fprintf(stderr, "cannot write %s\n", o.json.c_str());
+      return 1;
+    }
+    std::fprintf(f,
+                 "{\"layers\": %lld, \"batch\": %lld, \"seq_len\": %lld, \"heads\": %lld, "
+                 "\"workspace_bytes\": %lld, \"plan_step_us\": %.3f, \"eager_host_us_per_layer\": "
+                 "%.3f, \"eager_device_us_per_layer\": %.3f, \"kernel_us_per_layer\": %.3f, "
+                 "\"activities_per_layer\": %.2f, \"graph_us_per_layer\": %.3f, "
+                 "\"graph_over_kernels\": %.4f}\n",
+                 static_cast<long long>(o.layers), static_cast<long long>(o.batch),
+                 static_cast<long long>(o.seq_len), static_cast<long long>(o.heads),
+                 static_cast<long long>(workspace.bytes()), plan_us, host, eager, kernel_us,
+                 activities_per_layer, replay, ratio);
+    std::fclose(f);
+  }
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+  cudaStreamDestroy(stream);
+  return 0;
+}
