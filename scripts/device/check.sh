@@ -119,6 +119,19 @@ if [ -x .devbin/bin/mlakit ] && selected mlakit; then
   tail -n 30 /tmp/mlakit-run.log | tee -a "$LOG"
   if [ "$rc" -ne 0 ]; then failed+=("mlakit run"); fi
   say "mlakit run: exit $rc ($((SECONDS - start)) s)"
+  # A whole DeepSeek-V3 stack: one plan per step for 61 layers, eager and with decode graphs.
+  for graphs in "" "--cuda-graphs"; do
+    say "== mlakit run --device cuda --num-layers 61 $graphs --verify (8 requests)"
+    start=$SECONDS
+    OMP_WAIT_POLICY=passive timeout "$TEST_TIMEOUT" .devbin/bin/mlakit run --device cuda \
+      --num-layers 61 --num-requests 8 --prompt-len 64:256 --output-len 32:64 --verify \
+      --no-progress $graphs --json "$OUT/mlakit-run-61${graphs:+-graphs}.json" \
+      > /tmp/mlakit-run-61.log 2>&1
+    rc=$?
+    tail -n 14 /tmp/mlakit-run-61.log | tee -a "$LOG"
+    if [ "$rc" -ne 0 ]; then failed+=("mlakit run 61 $graphs"); fi
+    say "mlakit run 61 layers $graphs: exit $rc ($((SECONDS - start)) s)"
+  done
 fi
 
 benches=(.devbin/bin/bench_gpu_*)
@@ -131,7 +144,9 @@ if [ -e "${benches[0]}" ]; then
       say "SKIP  $name (time budget spent)"
       continue
     fi
-    timeout "$BENCH_TIMEOUT" "$binary" > "/tmp/$name.log" 2>&1
+    json=()  # benches that write machine-readable rows
+    case "$name" in bench_gpu_forward | bench_gpu_decode) json=(--json "$OUT/$name.json") ;; esac
+    timeout "$BENCH_TIMEOUT" "$binary" "${json[@]}" > "/tmp/$name.log" 2>&1
     rc=$?
     say "-- $name (exit $rc)"
     tail -n 60 "/tmp/$name.log" | tee -a "$LOG"
