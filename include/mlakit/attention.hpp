@@ -52,6 +52,18 @@ class MlaAttention {
                const TensorView& kv_cache, const StepPlan& step, const TensorView& output,
                const ForwardScales& scales = {}, Stream stream = {});
 
+  // Dynamic fp8 scales from one batch's activations (spec A.2 calculate_kv_scales, with F-36
+  // fixed): k_scale = max|[kv_c_normed | k_pe]| / 200 over the first num_tokens rows (the whole
+  // latent entry the cache quantizes, k_pe included), q_scale = max|[q_nope W_UK | q_pe]| / 200
+  // (the absorbed decode query that is quantized, not the raw q). 200 maps the calibration batch's
+  // largest value to 200 of e4m3's 448, leaving 2.24x headroom. An all-zero input gives 1.
+  // q: [T', N, P + R]; kv_c_normed: [T', L]; k_pe: [T', R] or [T', 1, R]. Reads the maxima on
+  // the host (synchronizes) and allocates a [T, N, L] scratch: a calibration call, not for graphs.
+  // Throws kInvalidArgument when an input holds NaN or infinity.
+  ForwardScales calculate_kv_scales(const TensorView& q, const TensorView& kv_c_normed,
+                                    const TensorView& k_pe, int64_t num_tokens,
+                                    Stream stream = {}) const;
+
   // Single call: plans the batch and runs it in a workspace the layer owns (allocated, or grown,
   // when a batch needs more than any before). batch == nullptr is the profile run: output is
   // zero-filled and nothing else happens.

@@ -159,6 +159,11 @@ void copy(const TensorView& src, const TensorView& dst, Stream stream = {});
 // Every element of dst becomes 0 (any dtype, any strides).
 void fill_zero(const TensorView& dst, Stream stream = {});
 
+// max |x| over every element of x (f32/f16/bf16, any strides, any device): NaN when an element is
+// NaN, 0 for an empty x. The result is read on the host, so a GPU call synchronizes `stream`:
+// for calibration (MlaAttention::calculate_kv_scales), not inside a captured graph.
+float abs_max(const TensorView& x, Stream stream = {});
+
 // ---- Device-side index checks
 // ------------------------------------------------------------------------ The index tensors of
 // GPU ops (slot_mapping, block tables, token_to_seq, cu_seqlens, ...) live in device memory, and

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <vector>
 
+#include "attention/inputs.hpp"
 #include "attention/step_state.hpp"
 #include "core/check.hpp"
 #include "mlakit/attention.hpp"
@@ -25,18 +26,6 @@ TensorView rows_as_heads(const TensorView& t2d, int64_t first, int64_t rows, int
   TensorView t = t2d.narrow(0, first, rows);
   return TensorView::strided(t.data, t.dtype, {rows, heads, width}, {t.strides[0], width, 1},
                              t.device);
-}
-
-// k_pe may be [T, R] or [T, 1, R] (vLLM passes the unsqueezed form); returns the 2-D view.
-TensorView squeeze_k_pe(const TensorView& k_pe) {
-  if (k_pe.ndim != 3) return k_pe;
-  require(k_pe.shape[1] == 1, ErrorCode::kInvalidArgument, kOp,
-          ": k_pe must be [T, R] or [T, 1, R], got ", detail::shape_string(k_pe));
-  TensorView t = k_pe;
-  t.ndim = 2;
-  t.shape[1] = k_pe.shape[2];
-  t.strides[1] = k_pe.strides[2];
-  return t;
 }
 
 void validate_output(const MlaAttentionConfig& c, const TensorView& output) {
@@ -164,7 +153,7 @@ void MlaAttention::forward(const TensorView& q, const TensorView& kv_c_normed,
   require(detail::same_step_config(c, s.config), ErrorCode::kInvalidArgument, kOp,
           ": the StepPlan was made for another configuration (dims, dtypes, cache format, block "
           "size, decode threshold, chunking, batch invariance and device must match the layer's)");
-  const TensorView k_pe = squeeze_k_pe(k_pe_in);
+  const TensorView k_pe = detail::squeeze_k_pe(kOp, k_pe_in);
   const int64_t tokens = s.num_actual_tokens;
   validate_inputs(c, q, kv_c_normed, k_pe, kv_cache, tokens, output);
   if (is_fp8(c.kv_cache_dtype)) {

@@ -21,4 +21,8 @@ void fill_zero(const TensorView& dst, Stream stream);
 // inv_scale is 1 / scale rounded to f32 by the caller, as the CPU kernel takes it.
 void scaled_fp8_quant(const TensorView& x, const TensorView& out, float inv_scale, Stream stream);
 
+// max |x| over a f32/f16/bf16 view (any strides); NaN when an element is NaN, 0 when empty. Reads
+// the result back to the host: synchronizes `stream` (calibration only, not for graph capture).
+float abs_max(const TensorView& x, Stream stream);
+
 }  // namespace mlakit::cuda
