@@ -16,6 +16,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <map>
 #include <memory>
 #include <random>
 #include <span>
@@ -64,6 +65,8 @@ double median(std::vector<double> v) {
 
 uint64_t g_device_ns = 0;  // summed durations of the kernels, memsets and copies recorded
 int64_t g_records = 0;
+// Host time per CUDA runtime / driver API function (name -> calls, ns), for the host breakdown.
+std::map<std::string, std::pair<int64_t, uint64_t>> g_api;
 
 void CUPTIAPI buffer_requested(uint8_t** buffer, size_t* size, size_t* max_records) {
   *buffer = static_cast<uint8_t*>(std::aligned_alloc(8, kCuptiBuffer));
@@ -94,6 +97,19 @@ void CUPTIAPI buffer_completed(CUcontext, uint32_t, uint8_t* buffer, size_t, siz
         end = m->end;
         break;
       }
+      case CUPTI_ACTIVITY_KIND_RUNTIME:
+      case CUPTI_ACTIVITY_KIND_DRIVER: {
+        const auto* a = reinterpret_cast<const CUpti_ActivityAPI*>(record);
+        const char* name = nullptr;
+        cuptiGetCallbackName(record->kind == CUPTI_ACTIVITY_KIND_RUNTIME
+                                 ? CUPTI_CB_DOMAIN_RUNTIME_API
+                                 : CUPTI_CB_DOMAIN_DRIVER_API,
+                             a->cbid, &name);
+        auto& entry = g_api[name != nullptr ? name : "?"];
+        ++entry.first;
+        entry.second += a->end - a->start;
+        continue;
+      }
       default:
         continue;
     }
@@ -121,6 +137,22 @@ std::pair<double, int64_t> device_activity(Fn&& fn) {
   }
   check(cuptiActivityFlushAll(1), "cuptiActivityFlushAll");
   return {static_cast<double>(g_device_ns) * 1e-3, g_records};
+}
+
+// Host time spent inside CUDA runtime and driver API functions during fn(), by function.
+template <class Fn>
+void api_activity(Fn&& fn) {
+  check(cuptiActivityFlushAll(1), "cuptiActivityFlushAll");
+  g_api.clear();
+  for (CUpti_ActivityKind kind : {CUPTI_ACTIVITY_KIND_RUNTIME, CUPTI_ACTIVITY_KIND_DRIVER}) {
+    check(cuptiActivityEnable(kind), "cuptiActivityEnable");
+  }
+  fn();
+  for (CUpti_ActivityKind kind : {CUPTI_ACTIVITY_KIND_RUNTIME, CUPTI_ACTIVITY_KIND_DRIVER}) {
+    check(cuptiActivityDisable(kind), "cuptiActivityDisable");
+  }
+  check(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
+  check(cuptiActivityFlushAll(1), "cuptiActivityFlushAll");
 }
 
 // ---- the model
@@ -292,6 +324,14 @@ int main(int argc, char** argv) {
   });
   const double kernel_us = kernel_total_us / kReps;
   const double activities_per_layer = static_cast<double>(records) / kReps;
+  // Where the eager host time goes: CUDA API calls of kReps forwards of layer 0 (a runtime call
+  // includes the driver calls it makes; both are listed).
+  api_activity([&] {
+    for (int rep = 0; rep < kReps; ++rep) run_layer(0);
+  });
+  std::vector<std::pair<uint64_t, std::string>> api_rows;
+  for (const auto& [name, entry] : g_api) api_rows.push_back({entry.second, name});
+  std::sort(api_rows.rbegin(), api_rows.rend());
 
   // Graph: the whole step captured once, replayed.
   cudaGraph_t graph = nullptr;
@@ -327,6 +367,12 @@ int main(int argc, char** argv) {
               kernel_us);
   std::printf("| graph replay | %.2f | <= 1.10 x kernels: %.3f (%s) |\n", replay, ratio,
               ratio <= 1.10 ? "met" : "NOT met");
+  std::printf("host time in CUDA API calls per layer forward (CUPTI, top 12):\n");
+  for (size_t i = 0; i < std::min<size_t>(12, api_rows.size()); ++i) {
+    const auto& [calls, ns] = g_api[api_rows[i].second];
+    std::printf("  %-44s %5.1f calls %8.2f us\n", api_rows[i].second.c_str(),
+                static_cast<double>(calls) / kReps, static_cast<double>(ns) * 1e-3 / kReps);
+  }
   if (!o.json.empty()) {
     FILE* f = std::fopen(o.json.c_str(), "w");
     if (f == nullptr) {

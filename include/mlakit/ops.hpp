@@ -159,6 +159,11 @@ void copy(const TensorView& src, const TensorView& dst, Stream stream = {});
 // Every element of dst becomes 0 (any dtype, any strides).
 void fill_zero(const TensorView& dst, Stream stream = {});
 
+// Creates, outside any CUDA-graph capture, what the ops of `device` keep per stream (CUDA: the
+// cuBLAS handle and workspace of batched_matmul), so that a later capture on `stream` allocates
+// nothing. plan_step calls it; idempotent, and cheap after the first call. A no-op on the CPU.
+void prepare_stream(Device device, Stream stream = {});
+
 // max |x| over every element of x (f32/f16/bf16, any strides, any device): NaN when an element is
 // NaN, 0 for an empty x. The result is read on the host, so a GPU call synchronizes `stream`:
 // for calibration (MlaAttention::calculate_kv_scales), not inside a captured graph.

@@ -125,7 +125,9 @@ StepBuffers carve(Arena& arena, const MlaAttentionConfig& c, const StepShape& s)
     b.ql = arena.take({td, n, d.entry_dim()}, c.act_dtype);
     if (c.kv_cache_dtype == KvCacheDType::kFp8E4m3)
       b.ql_fp8 = arena.take({td, n, d.entry_dim()}, DType::kFp8E4m3);
-    b.o_lat = arena.take({td, n, d.kv_lora_rank}, DType::kF32);
+    // In the activation dtype, as the seed's: the V up-projection is then one GEMM of one dtype
+    // (no operand conversion, no f32 staging).
+    b.o_lat = arena.take({td, n, d.kv_lora_rank}, c.act_dtype);
     b.lse = arena.take({td, n}, DType::kF32);
     b.split_ws = arena.take({s.split_elems}, DType::kF32);
   }
@@ -375,6 +377,7 @@ StepPlan plan_step(const MlaAttentionConfig& config, const ForwardBatch& batch,
     s.chunk_starts.push_back(append(host, s.buffers.metadata, chunk.starts));
   }
   upload(ws, host, s.buffers.metadata, stream);
+  ops::prepare_stream(c.device, stream);  // the layers' forward may then be captured
 
   s.workspace = &ws;
   s.generation = ++ws.generation;

@@ -50,7 +50,7 @@ struct StepBuffers {
   // decode (shares bytes with the prefill temporaries: the phases follow each other)
   TensorView ql;        // [Td, N, L + R] act
   TensorView ql_fp8;    // [Td, N, L + R] fp8 (fp8_e4m3 caches only)
-  TensorView o_lat;     // [Td, N, L] f32
+  TensorView o_lat;     // [Td, N, L] act
   TensorView lse;       // [Td, N] f32
   TensorView split_ws;  // f32 [split_elems]
 };

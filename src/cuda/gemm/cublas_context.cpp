@@ -58,6 +58,11 @@ CublasContext& cublas_context(cudaStream_t stream, const char* op) {
   return *slot;
 }
 
+void prepare_cublas(Device device, cudaStream_t stream, const char* op) {
+  DeviceGuard guard(device, op);
+  cublas_context(stream, op);
+}
+
 void reserve_scratch(CublasContext& ctx, int64_t bytes, cudaStream_t stream, const char* op) {
   if (bytes <= ctx.scratch_bytes) return;
   detail::require(!is_capturing(stream, op), ErrorCode::kUnsupported, op, ": this call needs ",

@@ -36,6 +36,9 @@ CublasContext& cublas_context(cudaStream_t stream, const char* op);
 // device) and allocates a new one; throws kUnsupported instead when the stream is capturing.
 void reserve_scratch(CublasContext& ctx, int64_t bytes, cudaStream_t stream, const char* op);
 
+// Creates the context of (device, stream) if it does not exist yet (outside graph capture).
+void prepare_cublas(Device device, cudaStream_t stream, const char* op);
+
 // Throws mlakit::Error(kBackend) "<op>: <what> failed: <cuBLAS status>" unless success.
 void check_cublas(cublasStatus_t status, const char* op, const char* what);
 
