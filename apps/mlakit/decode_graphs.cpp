@@ -4,11 +4,8 @@
 #include <chrono>
 #include <string>
 
+#include "device_io.hpp"
 #include "mlakit/error.hpp"
-
-#if defined(MLAKIT_WITH_CUDA)
-#include <cuda_runtime_api.h>
-#endif
 
 namespace mlakit::cli {
 
@@ -17,14 +14,6 @@ namespace {
 // vLLM's first capture sizes; past them every multiple of kBucketStep.
 constexpr int64_t kSmallBuckets[] = {1, 2, 4};
 constexpr int64_t kBucketStep = 8;
-
-#if defined(MLAKIT_WITH_CUDA)
-void check_cuda(cudaError_t status, const char* what) {
-  if (status != cudaSuccess) {
-    throw Error(ErrorCode::kBackend, std::string(what) + ": " + cudaGetErrorString(status));
-  }
-}
-#endif
 
 [[noreturn]] void no_graphs(Device device) {
   throw Error(ErrorCode::kUnsupported,

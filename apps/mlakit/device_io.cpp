@@ -13,13 +13,7 @@ namespace mlakit::cli {
 
 namespace {
 
-#if defined(MLAKIT_WITH_CUDA)
-void check_cuda(cudaError_t status, const char* what) {
-  if (status != cudaSuccess) {
-    throw Error(ErrorCode::kBackend, std::string(what) + ": " + cudaGetErrorString(status));
-  }
-}
-#else
+#if !defined(MLAKIT_WITH_CUDA)
 [[noreturn]] void no_cuda(Device device) {
   throw Error(ErrorCode::kUnsupported,
               "cannot use " + device_name(device) + ": mlakit was built without CUDA");
@@ -27,6 +21,14 @@ void check_cuda(cudaError_t status, const char* what) {
 #endif
 
 }  // namespace
+
+#if defined(MLAKIT_WITH_CUDA)
+void check_cuda(cudaError_t status, const char* what) {
+  if (status != cudaSuccess) {
+    throw Error(ErrorCode::kBackend, std::string(what) + ": " + cudaGetErrorString(status));
+  }
+}
+#endif
 
 void copy_to_device(const TensorView& dst, const void* src, int64_t bytes) {
   if (bytes == 0) return;

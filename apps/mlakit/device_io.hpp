@@ -7,7 +7,16 @@
 
 #include "mlakit/types.hpp"
 
+#if defined(MLAKIT_WITH_CUDA)
+#include <cuda_runtime_api.h>
+#endif
+
 namespace mlakit::cli {
+
+#if defined(MLAKIT_WITH_CUDA)
+// Throws mlakit::Error(kBackend) "<what>: <CUDA message>" unless success.
+void check_cuda(cudaError_t status, const char* what);
+#endif
 
 // Copies `bytes` from host memory `src` to the start of `dst` (host or device).
 void copy_to_device(const TensorView& dst, const void* src, int64_t bytes);

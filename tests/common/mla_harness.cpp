@@ -151,6 +151,30 @@ struct LayerData {
 
 }  // namespace
 
+E2eCase random_case(std::mt19937_64& rng, int iter, int max_context, int max_query,
+                    int64_t chunk_blocks) {
+  std::uniform_int_distribution<int> n_req(1, 6), ctx_len(0, max_context), q_len(1, max_query),
+      coin(0, 1);
+  E2eCase c;
+  c.name = "random_" + std::to_string(iter);
+  c.dims = MlaDims{4, 64, 16, 32, 32};  // small dims: the fp64 oracle stays cheap
+  c.act_dtype = coin(rng) ? DType::kF32 : DType::kBF16;
+  c.kv_dtype = coin(rng) ? KvCacheDType::kAuto : KvCacheDType::kFp8E4m3;
+  c.block_size = std::vector<int64_t>{1, 4, 16, 32}[iter % 4];
+  c.chunk_policy = coin(rng) ? ChunkPolicy::kPacked : ChunkPolicy::kEqualShare;
+  c.workspace_tokens = coin(rng) ? 0 : c.block_size * chunk_blocks;
+  const int reqs = n_req(rng);
+  const int decodes = std::uniform_int_distribution<int>(0, reqs)(rng);
+  for (int i = 0; i < reqs; ++i) {
+    const bool decode = i < decodes;
+    const int ql = decode ? 1 : q_len(rng);
+    const int ctx = decode ? 1 + ctx_len(rng) : (coin(rng) ? 0 : ctx_len(rng));
+    c.seq_lens.push_back(ctx + ql);
+    c.query_lens.push_back(ql);
+  }
+  return c;
+}
+
 E2eResult run_e2e_case(const E2eCase& c) {
   E2eResult result;
   std::mt19937_64 rng = make_rng(c.seed_stream);

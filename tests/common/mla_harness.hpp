@@ -46,6 +46,13 @@ struct E2eResult {
   double max_abs_error = 0;
 };
 
+// A random mixed case for iteration `iter` (small dims, every dtype / cache / block size / chunk
+// policy): up to 6 requests, decodes (q_len 1, context in [1, max_context + 1]) first, then
+// prefills (q_len in [1, max_query], context 0 or in [0, max_context]); a chunk workspace of
+// `chunk_blocks` blocks on every other draw.
+E2eCase random_case(std::mt19937_64& rng, int iter, int max_context, int max_query,
+                    int64_t chunk_blocks);
+
 // Runs the case, checks every output row against the oracle (tolerance by dtype and cache
 // format) and the untouched rows; reports failures through gtest.
 E2eResult run_e2e_case(const E2eCase& c);

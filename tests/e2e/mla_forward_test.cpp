@@ -152,26 +152,8 @@ TEST(MlaForward, CudaGraphPaddedDecodeBatch) {
 
 TEST(MlaForward, RandomBatches) {
   auto rng = make_rng(700);
-  std::uniform_int_distribution<int> n_req(1, 6), ctx_len(0, 90), q_len(1, 12), coin(0, 1);
   for (int iter = 0; iter < 24; ++iter) {
-    E2eCase c;
-    c.name = "random_" + std::to_string(iter);
-    c.dims = small_dims();
-    c.act_dtype = coin(rng) ? DType::kF32 : DType::kBF16;
-    c.kv_dtype = coin(rng) ? KvCacheDType::kAuto : KvCacheDType::kFp8E4m3;
-    c.block_size = std::vector<int64_t>{1, 4, 16, 32}[iter % 4];
-    c.chunk_policy = coin(rng) ? ChunkPolicy::kPacked : ChunkPolicy::kEqualShare;
-    c.workspace_tokens = coin(rng) ? 0 : c.block_size * 8;
-    const int reqs = n_req(rng);
-    // Decodes first (context > 0, q_len 1), then prefills in any mix.
-    const int decodes = std::uniform_int_distribution<int>(0, reqs)(rng);
-    for (int i = 0; i < reqs; ++i) {
-      const bool decode = i < decodes;
-      const int ql = decode ? 1 : q_len(rng);
-      const int ctx = decode ? 1 + ctx_len(rng) : (coin(rng) ? 0 : ctx_len(rng));
-      c.seq_lens.push_back(ctx + ql);
-      c.query_lens.push_back(ql);
-    }
+    E2eCase c = random_case(rng, iter, /*max_context=*/90, /*max_query=*/12, /*chunk_blocks=*/8);
     c.seed_stream = 701 + iter;
     SCOPED_TRACE(c.name);
     run_e2e_case(c);

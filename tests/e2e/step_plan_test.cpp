@@ -101,24 +101,12 @@ TEST(StepPlan, BatchInvariantScheduleStillMatchesTheOracle) {
 
 TEST(StepPlan, RandomBatchesAgainstTheOracle) {
   auto rng = make_rng(1040);
-  std::uniform_int_distribution<int> n_req(1, 6), ctx_len(0, 120), q_len(1, 10), coin(0, 1);
   for (int iter = 0; iter < 12; ++iter) {
-    E2eCase c = step_case("random_step_" + std::to_string(iter), {}, {}, 1041 + iter);
+    E2eCase c = random_case(rng, iter, /*max_context=*/120, /*max_query=*/10, /*chunk_blocks=*/4);
+    c.name = "random_step_" + std::to_string(iter);
+    c.step_plan = true;
     c.num_layers = 1 + iter % 3;
-    c.act_dtype = coin(rng) ? DType::kF32 : DType::kBF16;
-    c.kv_dtype = coin(rng) ? KvCacheDType::kAuto : KvCacheDType::kFp8E4m3;
-    c.block_size = std::vector<int64_t>{1, 4, 16, 32}[iter % 4];
-    c.chunk_policy = coin(rng) ? ChunkPolicy::kPacked : ChunkPolicy::kEqualShare;
-    c.workspace_tokens = coin(rng) ? 0 : c.block_size * 4;
-    const int reqs = n_req(rng);
-    const int decodes = std::uniform_int_distribution<int>(0, reqs)(rng);
-    for (int i = 0; i < reqs; ++i) {
-      const bool decode = i < decodes;
-      const int ql = decode ? 1 : q_len(rng);
-      const int ctx = decode ? 1 + ctx_len(rng) : (coin(rng) ? 0 : ctx_len(rng));
-      c.seq_lens.push_back(ctx + ql);
-      c.query_lens.push_back(ql);
-    }
+    c.seed_stream = 1041 + iter;
     SCOPED_TRACE(c.name);
     run_e2e_case(c);
   }
