@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import mlakit
-from layer_case import BLOCK, L, N, P, R, V, Batch, config
+from layer_case import L, N, P, V, Batch, config
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "python.md"
 TOKENS_LIMIT = 32  # max_num_batched_tokens of these tests: Batch has 12 tokens
