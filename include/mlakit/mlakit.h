@@ -37,7 +37,7 @@ extern "C" {
 #endif
 
 /* Raised whenever a struct or a signature of this header changes incompatibly. */
-#define MLAKIT_C_ABI_VERSION 1
+#define MLAKIT_C_ABI_VERSION 2
 
 /* ---- Status, errors, version ----------------------------------------------------------------- */
 
@@ -305,12 +305,17 @@ typedef struct mlakit_mla_config {
   int32_t query_len_support; /* a mlakit_query_len_support_t */
   int32_t chunk_policy;      /* a mlakit_chunk_policy_t */
   int64_t workspace_tokens;  /* 0 = derived from max_model_len and max_num_seqs */
-  int64_t max_model_len;
-  int64_t max_num_seqs;
+  /* Engine limits: a step's workspace (mlakit_workspace_bytes) is sized for the worst step. */
+  int64_t max_model_len;          /* tokens of one request (context + new) */
+  int64_t max_num_seqs;           /* requests of one step */
+  int64_t max_num_batched_tokens; /* tokens of one step */
+  /* 1: decode split boundaries depend on each request's own length only, so its output bits do
+   * not depend on the rest of the batch; 0: balanced splits. */
+  int32_t batch_invariant;
   DLDevice device; /* where the layer runs (weights, workspace) */
 } mlakit_mla_config_t;
 /* The library's defaults: DeepSeek-V2-Lite dims (16, 512, 64, 128, 128), bf16, auto cache,
- * block 64, CPU; scale 0 (must be set). */
+ * block 64, limits 4096 / 256 / 8192, not batch-invariant, CPU; scale 0 (must be set). */
 MLAKIT_API void mlakit_mla_config_init(mlakit_mla_config_t* config);
 
 typedef struct mlakit_attention mlakit_attention_t;
@@ -352,6 +357,88 @@ MLAKIT_API mlakit_status_t mlakit_attention_forward(mlakit_attention_t* attentio
                                                     const mlakit_forward_batch_t* batch,
                                                     const DLTensor* output, float q_scale,
                                                     float k_scale, void* stream);
+
+/* ---- Engine steps: plan once per step, run per layer ---------------------------------------- */
+/* An engine serving an L-layer model sizes one workspace from its limits, runs the profile run,
+ * then per step plans once and runs every layer against that plan:
+ *
+ *   mlakit_workspace_create(&config, &ws);  mlakit_workspace_touch(ws, stream);
+ *   per step:  mlakit_plan_step(&config, &batch, ws, stream, &plan);
+ *              for each layer: mlakit_attention_forward_step(layer, ..., plan, ..., stream);
+ *              mlakit_step_plan_destroy(plan);
+ *
+ * mlakit_plan_step validates and plans the batch, carves the step's temporaries from the
+ * workspace and uploads every index array in one asynchronous copy on `stream`. The forward calls
+ * then only launch kernels (no host synchronization, allocation, planning or host-to-device copy),
+ * so a decode-only step of all layers can be captured in one CUDA graph and replayed after a later
+ * mlakit_plan_step whose plan has the same launches (mlakit_step_plan_same_launches) has written
+ * the new lengths into the workspace. A workspace serves one step at a time: its calls must not
+ * run concurrently (GPU: keep them ordered on one stream). */
+
+typedef struct mlakit_workspace mlakit_workspace_t;
+typedef struct mlakit_step_plan mlakit_step_plan_t;
+
+/* Bytes of scratch the worst step within the configuration's limits needs (index metadata plus
+ * the larger of the prefill and the decode temporaries), on config->device; independent of the
+ * number of layers. Validates the configuration like mlakit_attention_create. */
+MLAKIT_API mlakit_status_t mlakit_workspace_bytes(const mlakit_mla_config_t* config,
+                                                  int64_t* bytes);
+
+/* The scratch memory shared by every layer of a model: mlakit_workspace_bytes(config) on
+ * config->device (plus a pinned host staging buffer for the index upload on a GPU), allocated
+ * here once. Plans made on it keep it alive: destroying the handle while plans remain only drops
+ * the caller's reference. */
+MLAKIT_API mlakit_status_t mlakit_workspace_create(const mlakit_mla_config_t* config,
+                                                   mlakit_workspace_t** workspace);
+MLAKIT_API void mlakit_workspace_destroy(mlakit_workspace_t* workspace);
+/* Bytes of the workspace's buffer. */
+MLAKIT_API mlakit_status_t mlakit_workspace_get_bytes(const mlakit_workspace_t* workspace,
+                                                      int64_t* bytes);
+/* The profile run (spec A.12, F-44): writes every byte once (zeros) on `stream`, so that the
+ * memory is committed before the engine sizes its KV cache. */
+MLAKIT_API mlakit_status_t mlakit_workspace_touch(mlakit_workspace_t* workspace, void* stream);
+
+/* Plans one step on `workspace`. config: equal to the workspace's in everything but the scale
+ * (dims, dtypes, cache format, block size, decode threshold, chunking, batch invariance, device;
+ * the limits are the workspace's). batch: as for mlakit_attention_forward; its host arrays are
+ * copied, but its block_table and slot_mapping are borrowed by the plan: they must stay alive, at
+ * the same address, until the plan's last forward (for CUDA graphs: the last replay). The plan is
+ * valid until the next mlakit_plan_step on the same workspace (forward_step rejects it after that
+ * as stale). MLAKIT_ERROR_INVALID_ARGUMENT names the limit (max_num_seqs, max_num_batched_tokens,
+ * max_model_len) a step exceeds. */
+MLAKIT_API mlakit_status_t mlakit_plan_step(const mlakit_mla_config_t* config,
+                                            const mlakit_forward_batch_t* batch,
+                                            mlakit_workspace_t* workspace, void* stream,
+                                            mlakit_step_plan_t** plan);
+MLAKIT_API void mlakit_step_plan_destroy(mlakit_step_plan_t* plan);
+
+typedef struct mlakit_step_plan_info {
+  int64_t num_reqs;
+  int64_t num_actual_tokens;
+  mlakit_split_counts_t split;
+  int64_t num_context_chunks;   /* 0 when no prefill has context */
+  int64_t workspace_bytes_used; /* bytes of the workspace this step uses */
+} mlakit_step_plan_info_t;
+MLAKIT_API mlakit_status_t mlakit_step_plan_get_info(const mlakit_step_plan_t* plan,
+                                                     mlakit_step_plan_info_t* info);
+/* A copy of the step's plan, for the mlakit_plan_get_* getters (the caller destroys it). */
+MLAKIT_API mlakit_status_t mlakit_step_plan_get_plan(const mlakit_step_plan_t* plan,
+                                                     mlakit_plan_t** copy);
+/* *same = 1 when both plans launch the same kernels with the same arguments (same shapes, same
+ * workspace addresses; lengths, block tables and slots may differ), so that a CUDA graph captured
+ * while running `a` replays `b` correctly; else 0. */
+MLAKIT_API mlakit_status_t mlakit_step_plan_same_launches(const mlakit_step_plan_t* a,
+                                                          const mlakit_step_plan_t* b,
+                                                          int32_t* same);
+
+/* One layer's forward for a planned step; tensors as for mlakit_attention_forward, with T =
+ * the plan's num_actual_tokens. The layer's configuration must equal the plan's in everything but
+ * the scale. Launches only, so it may be captured in a CUDA graph. Every layer of the step runs
+ * against the same plan, one after the other (they share its workspace). */
+MLAKIT_API mlakit_status_t mlakit_attention_forward_step(
+    mlakit_attention_t* attention, const DLTensor* q, const DLTensor* kv_c_normed,
+    const DLTensor* k_pe, const DLTensor* kv_cache, const mlakit_step_plan_t* plan,
+    const DLTensor* output, float q_scale, float k_scale, void* stream);
 
 #ifdef __cplusplus
 }

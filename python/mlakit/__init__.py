@@ -20,7 +20,7 @@ from ._library import (
     library_path,
 )
 from ._version import __version__
-from .attention import ForwardBatch, MlaAttention, MlaConfig
+from .attention import MlaAttention, MlaConfig
 from .ops import (
     DecodeSchedule,
     check_device_errors,
@@ -42,6 +42,7 @@ from .planning import (
     reorder_decodes_first,
     split_decodes_and_prefills,
 )
+from .step import ForwardBatch, StepPlan, Workspace, plan_step, workspace_bytes
 
 
 def version():
@@ -79,6 +80,8 @@ __all__ = [
     "MlakitValueError",
     "Plan",
     "SplitCounts",
+    "StepPlan",
+    "Workspace",
     "__version__",
     "build_info",
     "check_device_errors",
@@ -91,10 +94,12 @@ __all__ = [
     "mla_decode",
     "mla_prefill",
     "plan",
+    "plan_step",
     "reorder_decodes_first",
     "scaled_fp8_quant",
     "split_decodes_and_prefills",
     "static_scaled_fp8_quant",
     "torch_ops_registered",
     "version",
+    "workspace_bytes",
 ]

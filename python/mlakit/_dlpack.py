@@ -148,6 +148,15 @@ def _describe_torch(x, name):
     return _fill(x.data_ptr(), device, tuple(x.shape), x.stride(), code_bits, x, stream)
 
 
+def current_stream(device_type, device_id):
+    """torch's current CUDA stream of a CUDA device (when torch is imported), else None: the
+    stream for calls that take no tensor to read it from."""
+    torch = sys.modules.get("torch")
+    if device_type != KDL_CUDA or torch is None:
+        return None
+    return torch.cuda.current_stream(device_id).cuda_stream
+
+
 def describe(x, name, writable=False):
     """The DLTensor of a NumPy array or a torch tensor (no copy). `writable`: the op writes it."""
     if isinstance(x, np.ndarray):

@@ -19,7 +19,7 @@ from ._dlpack import DLDataType, DLDevice, DLTensor
 
 LIBRARY_NAME = "libmlakit_c.so"
 # The C ABI this package was written against (MLAKIT_C_ABI_VERSION of mlakit.h).
-ABI_VERSION = 1
+ABI_VERSION = 2
 
 _PACKAGE_DIR = Path(__file__).resolve().parent
 
@@ -153,6 +153,8 @@ class MlaConfigC(ctypes.Structure):
         ("workspace_tokens", _i64),
         ("max_model_len", _i64),
         ("max_num_seqs", _i64),
+        ("max_num_batched_tokens", _i64),
+        ("batch_invariant", _i32),
         ("device", DLDevice),
     ]
 
@@ -165,6 +167,16 @@ class ForwardBatchC(ctypes.Structure):
         ("num_actual_tokens", _i64),
         ("block_table", _T),
         ("slot_mapping", _T),
+    ]
+
+
+class StepPlanInfoC(ctypes.Structure):
+    _fields_ = [
+        ("num_reqs", _i64),
+        ("num_actual_tokens", _i64),
+        ("split", SplitCountsC),
+        ("num_context_chunks", _i64),
+        ("workspace_bytes_used", _i64),
     ]
 
 
@@ -195,6 +207,15 @@ _STATUS_FUNCTIONS = {
     "mlakit_attention_workspace_tokens": [_vp, _pi64],
     "mlakit_attention_plan": [_vp, _P(ForwardBatchC), _P(_vp)],
     "mlakit_attention_forward": [_vp, _T, _T, _T, _T, _P(ForwardBatchC), _T, _f32, _f32, _vp],
+    "mlakit_workspace_bytes": [_P(MlaConfigC), _pi64],
+    "mlakit_workspace_create": [_P(MlaConfigC), _P(_vp)],
+    "mlakit_workspace_get_bytes": [_vp, _pi64],
+    "mlakit_workspace_touch": [_vp, _vp],
+    "mlakit_plan_step": [_P(MlaConfigC), _P(ForwardBatchC), _vp, _vp, _P(_vp)],
+    "mlakit_step_plan_get_info": [_vp, _P(StepPlanInfoC)],
+    "mlakit_step_plan_get_plan": [_vp, _P(_vp)],
+    "mlakit_step_plan_same_launches": [_vp, _vp, _pi32],
+    "mlakit_attention_forward_step": [_vp, _T, _T, _T, _T, _vp, _T, _f32, _f32, _vp],
 }
 _OTHER_FUNCTIONS = {
     "mlakit_last_error": (_c.c_char_p, []),
@@ -207,6 +228,8 @@ _OTHER_FUNCTIONS = {
     "mlakit_planner_config_init": (None, [_P(PlannerConfigC)]),
     "mlakit_mla_config_init": (None, [_P(MlaConfigC)]),
     "mlakit_attention_destroy": (None, [_vp]),
+    "mlakit_workspace_destroy": (None, [_vp]),
+    "mlakit_step_plan_destroy": (None, [_vp]),
 }
 
 for _name, _argtypes in _STATUS_FUNCTIONS.items():

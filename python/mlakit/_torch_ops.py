@@ -17,7 +17,8 @@ from typing import Optional
 import torch
 
 from . import ops as _ops
-from .attention import ForwardBatch, layer_by_id
+from .attention import layer_by_id
+from .step import ForwardBatch, workspace_by_id
 
 if not hasattr(torch.library, "custom_op"):
     raise ImportError(f"torch {torch.__version__} lacks torch.library.custom_op (needs >= 2.4)")
@@ -185,4 +186,42 @@ def mla_attention_forward(
 @mla_attention_forward.register_fake
 def _(layer_id, q, kv_c_normed, k_pe, kv_cache, query_start_loc, seq_lens, block_table,
       slot_mapping, num_actual_tokens, output, q_scale=1.0, k_scale=1.0):
+    return None
+
+
+# The engine form (plan once per step, run per layer). Custom ops take tensors and scalars, not
+# Python objects or C handles, so the layer and the workspace travel as the ids of live objects
+# (MlaAttention.layer_id, Workspace.workspace_id). The step is not an argument: the op runs the
+# workspace's current plan, the one from the latest mlakit.plan_step on it (the only valid one).
+# Both ids stay the same from step to step, so a torch.compile'd model is not recompiled (nor
+# guarded) per step; a CUDA graph captured once replays after each new plan_step whose plan has
+# the same launches (StepPlan.same_launches).
+@torch.library.custom_op(f"{_NS}::mla_attention_forward_step",
+                         mutates_args=("kv_cache", "output"))
+def mla_attention_forward_step(
+    layer_id: int,
+    workspace_id: int,
+    q: torch.Tensor,
+    kv_c_normed: torch.Tensor,
+    k_pe: torch.Tensor,
+    kv_cache: torch.Tensor,
+    output: torch.Tensor,
+    q_scale: float = 1.0,
+    k_scale: float = 1.0,
+) -> None:
+    """MlaAttention.forward of the layer `layer_id` against workspace `workspace_id`'s current
+    StepPlan: launches only (no planning, no upload, no synchronisation), on torch's current
+    stream."""
+    workspace = workspace_by_id(workspace_id)
+    step = workspace.current_plan
+    if step is None:
+        raise ValueError(
+            f"mlakit: mla_attention_forward_step: workspace_id {workspace_id} has no StepPlan yet; "
+            "call mlakit.plan_step(config, batch, workspace) before the layers run"
+        )
+    layer_by_id(layer_id).forward(q, kv_c_normed, k_pe, kv_cache, step, output, q_scale, k_scale)
+
+
+@mla_attention_forward_step.register_fake
+def _(layer_id, workspace_id, q, kv_c_normed, k_pe, kv_cache, output, q_scale=1.0, k_scale=1.0):
     return None

@@ -4,7 +4,7 @@ import ctypes
 import threading
 import weakref
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any
 
 from ._dlpack import (
     KDL_CPU,
@@ -15,11 +15,11 @@ from ._dlpack import (
     describe_optional,
     dl_dtype_of,
 )
-from ._library import ForwardBatchC, MlaConfigC, call, lib
+from ._library import MlaConfigC, call, lib
+from ._registry import Registry
 from .ops import kv_cache_dtype_code, stream_of, to_float
-from .planning import CHUNK_POLICY, QUERY_LEN_SUPPORT, _enum, host_int32, plan_from_handle
-
-_I32 = ctypes.POINTER(ctypes.c_int32)
+from .planning import CHUNK_POLICY, QUERY_LEN_SUPPORT, _enum, plan_from_handle
+from .step import ForwardBatch, StepPlan, _CBatch
 
 
 @dataclass
@@ -39,9 +39,14 @@ class MlaConfig:
     decode_threshold: int = 1
     query_len_support: Any = "varlen"  # "single_only", "uniform", "varlen"
     workspace_tokens: int = 0  # 0: derived from max_model_len and max_num_seqs (spec B.2)
-    max_model_len: int = 4096
-    max_num_seqs: int = 256
+    # Engine limits: a Workspace is sized for the worst step within them (workspace_bytes).
+    max_model_len: int = 4096  # tokens of one request (context + new)
+    max_num_seqs: int = 256  # requests of one step
+    max_num_batched_tokens: int = 8192  # tokens of one step
     chunk_policy: Any = "packed"  # "packed" or "equal_share"
+    # Decode splits that depend on each request's own length only: a request's output bits do not
+    # depend on the rest of the batch.
+    batch_invariant: bool = False
     device: str = "cpu"  # "cpu", "cuda" or "cuda:<index>"
 
     def _to_c(self):
@@ -64,6 +69,8 @@ class MlaConfig:
         c.workspace_tokens = self.workspace_tokens
         c.max_model_len = self.max_model_len
         c.max_num_seqs = self.max_num_seqs
+        c.max_num_batched_tokens = self.max_num_batched_tokens
+        c.batch_invariant = 1 if self.batch_invariant else 0
         c.device = _dl_device(self.device)
         return c
 
@@ -79,56 +86,12 @@ def _dl_device(device):
     raise ValueError(f"mlakit: device must be 'cpu', 'cuda' or 'cuda:<index>', got {device!r}")
 
 
-@dataclass
-class ForwardBatch:
-    """One forward step's batch, requests ordered decodes-first.
-
-    query_start_loc: host [R + 1]; seq_lens: host [R] (context + new tokens); block_table: int32
-    [R, max_blocks] and slot_mapping: int64 [>= T] on the layer's device (slot < 0 skips the
-    cache write); num_actual_tokens: T, defaults to query_start_loc[-1]."""
-
-    query_start_loc: Any
-    seq_lens: Any
-    block_table: Any
-    slot_mapping: Any
-    num_actual_tokens: Optional[int] = None
-
-
-class _CBatch:
-    """The C struct of a ForwardBatch plus the host arrays and descriptions it points to."""
-
-    def __init__(self, batch):
-        self.qsl = host_int32(batch.query_start_loc, "batch.query_start_loc")
-        self.lens = host_int32(batch.seq_lens, "batch.seq_lens")
-        if self.qsl.size != self.lens.size + 1:
-            raise ValueError(
-                f"mlakit: batch.query_start_loc must have len(seq_lens) + 1 = "
-                f"{self.lens.size + 1} entries, got {self.qsl.size}"
-            )
-        self.block_table = describe(batch.block_table, "batch.block_table")
-        self.slot_mapping = describe(batch.slot_mapping, "batch.slot_mapping")
-        tokens = batch.num_actual_tokens
-        self.c = ForwardBatchC(
-            self.qsl.ctypes.data_as(_I32),
-            self.lens.ctypes.data_as(_I32),
-            self.lens.size,
-            int(self.qsl[-1]) if tokens is None else int(tokens),
-            ctypes.pointer(self.block_table.tensor),
-            ctypes.pointer(self.slot_mapping.tensor),
-        )
-
-
-# Live layers by id, for torch.ops.mlakit.mla_attention_forward (which cannot take objects).
-_LAYERS = weakref.WeakValueDictionary()
-_NEXT_ID = [0]
-_ID_LOCK = threading.Lock()
+# Live layers by layer_id, for the torch ops (which cannot take objects).
+_LAYERS = Registry("MlaAttention", "layer_id")
 
 
 def layer_by_id(layer_id):
-    layer = _LAYERS.get(layer_id)
-    if layer is None:
-        raise ValueError(f"mlakit: no live MlaAttention with layer_id {layer_id}")
-    return layer
+    return _LAYERS.get(layer_id)
 
 
 class MlaAttention:
@@ -148,11 +111,8 @@ class MlaAttention:
              None if s is None else s.ref, ctypes.byref(handle))
         self._handle = handle
         self._finalizer = weakref.finalize(self, lib.mlakit_attention_destroy, handle)
-        self._lock = threading.Lock()  # one workspace per layer: one forward at a time
-        with _ID_LOCK:
-            self.layer_id = _NEXT_ID[0]
-            _NEXT_ID[0] += 1
-        _LAYERS[self.layer_id] = self
+        self._lock = threading.Lock()  # the single-call form's own workspace: one at a time
+        self.layer_id = _LAYERS.add(self)
 
     @property
     def workspace_tokens(self):
@@ -173,17 +133,24 @@ class MlaAttention:
 
         q: [T', N, P + R] (rope applied); kv_c_normed: [T', L]; k_pe: [T', R] or [T', 1, R];
         kv_cache: [num_blocks, block_size, entry_width] (written; may be empty); batch: a
-        ForwardBatch, or None for a profile run (output zero-filled); output: [T', N * V]
-        (rows [T, T') untouched); q_scale, k_scale: fp8 scales (fp8 caches only)."""
+        StepPlan (plan_step once per step, then every layer: launches only), a ForwardBatch
+        (single call: plans it and runs in a workspace the layer owns), or None for a profile
+        run (output zero-filled); output: [T', N * V] (rows [T, T') untouched); q_scale,
+        k_scale: fp8 scales (fp8 caches only)."""
         described = [describe(q, "q"), describe(kv_c_normed, "kv_c_normed"),
                      describe(k_pe, "k_pe"), describe(kv_cache, "kv_cache", writable=True)]
         out = describe(output, "output", writable=True)
-        cb = None if batch is None else _CBatch(batch)
+        scales = (to_float(q_scale, "q_scale"), to_float(k_scale, "k_scale"))
         stream = stream_of(*described, out)
+        if isinstance(batch, StepPlan):
+            with batch.workspace._lock:
+                call("mlakit_attention_forward_step", self._handle, *[d.ref for d in described],
+                     batch._handle, out.ref, *scales, stream)
+            return
+        cb = None if batch is None else _CBatch(batch)
         with self._lock:
             call("mlakit_attention_forward", self._handle, *[d.ref for d in described],
-                 None if cb is None else ctypes.byref(cb.c), out.ref, to_float(q_scale, "q_scale"),
-                 to_float(k_scale, "k_scale"), stream)
+                 None if cb is None else ctypes.byref(cb.c), out.ref, *scales, stream)
 
 
 __all__ = ["ForwardBatch", "MlaAttention", "MlaConfig"]

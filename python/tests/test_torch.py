@@ -10,7 +10,7 @@ from reference import e4m3_encode, merge_attn_states as merge_reference  # noqa:
 
 OPS = ["concat_and_cache_mla", "gather_and_maybe_dequant_cache", "cp_gather_cache",
        "merge_attn_states", "static_scaled_fp8_quant", "mla_decode", "mla_prefill",
-       "mla_attention_forward"]
+       "mla_attention_forward", "mla_attention_forward_step"]
 
 
 def merge_inputs(rng, T=6, H=3, D=16):

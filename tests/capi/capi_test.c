@@ -1,5 +1,6 @@
 /* The C ABI from plain C: version queries, error reporting (status and message text), a planner
- * call and two small ops against results computed by hand. */
+ * call, two small ops against results computed by hand, and an engine step (one plan, two layers)
+ * against the single-call forward. */
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -199,6 +200,154 @@ static void test_fp8_quant(void) {
   CHECK(out[3] == 0x22); /* 0.15 -> 1.01b * 2^-3: exponent 4, mantissa 010 (nearest) */
 }
 
+/* Fills x[0..n) with values in [-1, 1) from a fixed linear congruential sequence. */
+static void fill_random(float* x, int n, uint32_t* state) {
+  for (int i = 0; i < n; ++i) {
+    *state = *state * 1664525u + 1013904223u; /* Numerical Recipes' LCG constants */
+    x[i] = (float)(*state >> 8) / (float)(1u << 23) - 1.0f;
+  }
+}
+
+/* Small layer dimensions (N, L, R, P, V) and the step: request 0 decodes 1 token after 4 cached
+ * ones (blocks 0, 1), request 1 prefills 3 tokens (block 2). */
+enum { kN = 2, kL = 32, kR = 8, kP = 16, kV = 16, kBlock = 4, kBlocks = 4, kT = 4 };
+
+static mlakit_mla_config_t step_config(void) {
+  mlakit_mla_config_t config;
+  mlakit_mla_config_init(&config);
+  config.num_heads = kN;
+  config.kv_lora_rank = kL;
+  config.qk_rope_head_dim = kR;
+  config.qk_nope_head_dim = kP;
+  config.v_head_dim = kV;
+  config.scale = 0.25f;
+  config.act_dtype = kF32;
+  config.block_size = kBlock;
+  config.max_model_len = 16;
+  config.max_num_seqs = 2;
+  config.max_num_batched_tokens = 8;
+  return config;
+}
+
+static void test_step(void) {
+  mlakit_mla_config_t defaults;
+  mlakit_mla_config_init(&defaults);
+  CHECK(defaults.max_num_batched_tokens == 8192 && defaults.batch_invariant == 0);
+
+  mlakit_mla_config_t config = step_config();
+  int64_t bytes = 0;
+  config.batch_invariant = 2;
+  CHECK_STATUS(mlakit_workspace_bytes(&config, &bytes), MLAKIT_ERROR_INVALID_ARGUMENT,
+               "workspace_bytes: config.batch_invariant must be 0 or 1, got 2");
+  config.batch_invariant = 0;
+  CHECK_STATUS(mlakit_workspace_bytes(&config, &bytes), MLAKIT_OK, NULL);
+  CHECK(bytes > 0);
+  mlakit_workspace_t* ws = NULL;
+  CHECK_STATUS(mlakit_workspace_create(&config, &ws), MLAKIT_OK, NULL);
+  int64_t ws_bytes = 0;
+  CHECK_STATUS(mlakit_workspace_get_bytes(ws, &ws_bytes), MLAKIT_OK, NULL);
+  CHECK(ws_bytes == bytes);
+  CHECK_STATUS(mlakit_workspace_touch(ws, NULL), MLAKIT_OK, NULL);
+
+  static float weights[2][kN * (kP + kV) * kL];
+  static float q[kT * kN * (kP + kR)], kv_c[kT * kL], k_pe[kT * kR];
+  static float cache[2][kBlocks * kBlock * (kL + kR)],
+      cache_single[2][kBlocks * kBlock * (kL + kR)];
+  static float out_step[2][kT * kN * kV], out_single[2][kT * kN * kV];
+  uint32_t state = 7;
+  fill_random(&weights[0][0], 2 * kN * (kP + kV) * kL, &state);
+  fill_random(q, kT * kN * (kP + kR), &state);
+  fill_random(kv_c, kT * kL, &state);
+  fill_random(k_pe, kT * kR, &state);
+  fill_random(&cache[0][0], 2 * kBlocks * kBlock * (kL + kR), &state);
+  memcpy(cache_single, cache, sizeof(cache));
+
+  int64_t w_shape[2] = {kN * (kP + kV), kL}, q_shape[3] = {kT, kN, kP + kR};
+  int64_t kv_c_shape[2] = {kT, kL}, k_pe_shape[2] = {kT, kR};
+  int64_t cache_shape[3] = {kBlocks, kBlock, kL + kR}, out_shape[2] = {kT, kN * kV};
+  int32_t table[2][2] = {{0, 1}, {2, 3}};
+  int64_t table_shape[2] = {2, 2};
+  int64_t slots[kT] = {4, 8, 9, 10};
+  int64_t slots_shape[1] = {kT};
+  const int32_t qsl[3] = {0, 1, 4};
+  const int32_t seq_lens[2] = {5, 3};
+  DLTensor t_table = host_tensor(table, (DLDataType){kDLInt, 32, 1}, 2, table_shape);
+  DLTensor t_slots = host_tensor(slots, (DLDataType){kDLInt, 64, 1}, 1, slots_shape);
+  const mlakit_forward_batch_t batch = {qsl, seq_lens, 2, kT, &t_table, &t_slots};
+  DLTensor t_q = host_tensor(q, kF32, 3, q_shape);
+  DLTensor t_kv_c = host_tensor(kv_c, kF32, 2, kv_c_shape);
+  DLTensor t_k_pe = host_tensor(k_pe, kF32, 2, k_pe_shape);
+
+  mlakit_attention_t* layers[2] = {NULL, NULL};
+  mlakit_step_plan_t* plan = NULL;
+  CHECK_STATUS(mlakit_plan_step(&config, &batch, ws, NULL, &plan), MLAKIT_OK, NULL);
+  mlakit_step_plan_info_t info;
+  CHECK_STATUS(mlakit_step_plan_get_info(plan, &info), MLAKIT_OK, NULL);
+  CHECK(info.num_reqs == 2 && info.num_actual_tokens == kT && info.num_context_chunks == 0);
+  CHECK(info.split.num_decodes == 1 && info.split.num_prefills == 1);
+  CHECK(info.split.num_decode_tokens == 1 && info.split.num_prefill_tokens == 3);
+  CHECK(info.workspace_bytes_used > 0 && info.workspace_bytes_used <= ws_bytes);
+  mlakit_plan_t* copy = NULL;
+  CHECK_STATUS(mlakit_step_plan_get_plan(plan, &copy), MLAKIT_OK, NULL);
+  mlakit_plan_summary_t summary;
+  CHECK_STATUS(mlakit_plan_get_summary(copy, &summary), MLAKIT_OK, NULL);
+  CHECK(summary.split.num_prefill_tokens == 3 && summary.prefill_max_query_len == 3);
+  mlakit_plan_destroy(copy);
+
+  /* Two layers, one plan: each output equals the layer's single-call forward bit for bit. */
+  for (int i = 0; i < 2; ++i) {
+    DLTensor t_w = host_tensor(weights[i], kF32, 2, w_shape);
+    CHECK_STATUS(mlakit_attention_create(&config, &t_w, NULL, &layers[i]), MLAKIT_OK, NULL);
+    DLTensor t_cache = host_tensor(cache[i], kF32, 3, cache_shape);
+    DLTensor t_out = host_tensor(out_step[i], kF32, 2, out_shape);
+    CHECK_STATUS(mlakit_attention_forward_step(layers[i], &t_q, &t_kv_c, &t_k_pe, &t_cache, plan,
+                                               &t_out, 1.0f, 1.0f, NULL),
+                 MLAKIT_OK, NULL);
+    DLTensor t_cache_single = host_tensor(cache_single[i], kF32, 3, cache_shape);
+    DLTensor t_out_single = host_tensor(out_single[i], kF32, 2, out_shape);
+    CHECK_STATUS(mlakit_attention_forward(layers[i], &t_q, &t_kv_c, &t_k_pe, &t_cache_single,
+                                          &batch, &t_out_single, 1.0f, 1.0f, NULL),
+                 MLAKIT_OK, NULL);
+    CHECK(memcmp(out_step[i], out_single[i], sizeof(out_step[i])) == 0);
+    CHECK(memcmp(cache[i], cache_single[i], sizeof(cache[i])) == 0);
+  }
+  CHECK(memcmp(out_step[0], out_step[1], sizeof(out_step[0])) != 0); /* the weights differ */
+
+  /* A second plan of the same step: same launches; the first is now stale. The workspace handle
+   * may go before its plans. */
+  mlakit_step_plan_t* next = NULL;
+  CHECK_STATUS(mlakit_plan_step(&config, &batch, ws, NULL, &next), MLAKIT_OK, NULL);
+  int32_t same = -1;
+  CHECK_STATUS(mlakit_step_plan_same_launches(plan, next, &same), MLAKIT_OK, NULL);
+  CHECK(same == 1);
+  mlakit_workspace_destroy(ws);
+  DLTensor t_cache = host_tensor(cache[0], kF32, 3, cache_shape);
+  DLTensor t_out = host_tensor(out_step[0], kF32, 2, out_shape);
+  CHECK_STATUS(mlakit_attention_forward_step(layers[0], &t_q, &t_kv_c, &t_k_pe, &t_cache, plan,
+                                             &t_out, 1.0f, 1.0f, NULL),
+               MLAKIT_ERROR_INVALID_ARGUMENT, "MlaAttention::forward: the StepPlan is stale");
+  CHECK_STATUS(mlakit_attention_forward_step(layers[0], &t_q, &t_kv_c, &t_k_pe, &t_cache, next,
+                                             &t_out, 1.0f, 1.0f, NULL),
+               MLAKIT_OK, NULL);
+  CHECK_STATUS(mlakit_attention_forward_step(layers[0], &t_q, &t_kv_c, &t_k_pe, &t_cache, NULL,
+                                             &t_out, 1.0f, 1.0f, NULL),
+               MLAKIT_ERROR_INVALID_ARGUMENT, "MlaAttention::forward: plan must not be NULL");
+  mlakit_step_plan_destroy(plan);
+  mlakit_step_plan_destroy(next);
+
+  /* A step beyond the limits the workspace was sized for. */
+  CHECK_STATUS(mlakit_workspace_create(&config, &ws), MLAKIT_OK, NULL);
+  const int32_t long_lens[2] = {17, 3}; /* max_model_len is 16 */
+  const mlakit_forward_batch_t too_long = {qsl, long_lens, 2, kT, &t_table, &t_slots};
+  plan = NULL;
+  CHECK_STATUS(mlakit_plan_step(&config, &too_long, ws, NULL, &plan), MLAKIT_ERROR_INVALID_ARGUMENT,
+               "plan_step: seq_lens[0] (17) exceeds max_model_len");
+  CHECK(plan == NULL);
+  mlakit_workspace_destroy(ws);
+  mlakit_attention_destroy(layers[0]);
+  mlakit_attention_destroy(layers[1]);
+}
+
 static void test_device_errors(void) {
   /* Host devices have nothing recorded: CPU ops throw at the bad index itself. */
   CHECK_STATUS(mlakit_check_device_errors(kDLCPU, 0, NULL), MLAKIT_OK, NULL);
@@ -216,6 +365,7 @@ int main(void) {
   test_merge();
   test_fp8_quant();
   test_device_errors();
+  test_step();
   printf("capi_test: %d passed, %d failed\n", g_passed, g_failed);
   return g_failed == 0 ? 0 : 1;
 }
