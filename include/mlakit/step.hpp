@@ -99,6 +99,7 @@ class Workspace {
 
 // The plan of one step and where its temporaries live in the workspace. Valid until the next
 // plan_step on the same workspace (which overwrites the uploaded indices); forward() checks that.
+// It refers to its workspace, which must outlive it.
 class StepPlan {
  public:
   StepPlan();
