@@ -33,6 +33,10 @@ struct MlaAttentionConfig {
   int64_t max_num_seqs = 256;
   ChunkPolicy chunk_policy = ChunkPolicy::kPacked;
   Device device{};
+  // Decode attention cuts each request's keys by its own length only (DecodePlanShape::
+  // batch_invariant), so a decode request's latent output and LSE are bitwise the same whatever
+  // else is in the batch. The projections around it (batched_matmul) are not made invariant.
+  bool batch_invariant = false;
 };
 
 // One forward step's batch. Host arrays drive planning; the views are read by the kernels and

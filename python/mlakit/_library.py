@@ -154,6 +154,7 @@ class MlaConfigC(ctypes.Structure):
         ("max_model_len", _i64),
         ("max_num_seqs", _i64),
         ("device", DLDevice),
+        ("batch_invariant", _i32),
     ]
 
 

@@ -43,6 +43,8 @@ class MlaConfig:
     max_num_seqs: int = 256
     chunk_policy: Any = "packed"  # "packed" or "equal_share"
     device: str = "cpu"  # "cpu", "cuda" or "cuda:<index>"
+    # Decode attention bitwise independent of the rest of the batch (projections excluded).
+    batch_invariant: bool = False
 
     def _to_c(self):
         c = MlaConfigC()
@@ -65,6 +67,7 @@ class MlaConfig:
         c.max_model_len = self.max_model_len
         c.max_num_seqs = self.max_num_seqs
         c.device = _dl_device(self.device)
+        c.batch_invariant = 1 if self.batch_invariant else 0
         return c
 
 

@@ -285,9 +285,13 @@ void MlaAttention::forward(const TensorView& q, const TensorView& kv_c_normed,
   const detail::DecodeRuns runs = detail::decode_runs(
       plan, batch->query_start_loc, batch->seq_lens,
       [&](std::span<const int32_t> lens, int64_t q_len) {
-        const ops::DecodePlanShape shape{
-            c.device,     static_cast<int64_t>(lens.size()),          q_len, d.num_heads,
-            c.block_size, batch->block_table.shape[1] * c.block_size, false};
+        const ops::DecodePlanShape shape{c.device,
+                                         static_cast<int64_t>(lens.size()),
+                                         q_len,
+                                         d.num_heads,
+                                         c.block_size,
+                                         batch->block_table.shape[1] * c.block_size,
+                                         c.batch_invariant};
         return ops::plan_mla_decode(shape, lens);
       });
 

@@ -53,6 +53,7 @@ mlakit::MlaAttentionConfig to_config(const char* op, const mlakit_mla_config_t& 
   config.workspace_tokens = c.workspace_tokens;
   config.max_model_len = c.max_model_len;
   config.max_num_seqs = c.max_num_seqs;
+  config.batch_invariant = c.batch_invariant != 0;
   // The device comes through a zero-size tensor so that it gets the same checks as any tensor's.
   DLTensor probe{};
   probe.device = c.device;
@@ -98,6 +99,7 @@ MLAKIT_API void mlakit_mla_config_init(mlakit_mla_config_t* config) {
   config->max_model_len = d.max_model_len;
   config->max_num_seqs = d.max_num_seqs;
   config->device = DLDevice{kDLCPU, 0};
+  config->batch_invariant = d.batch_invariant ? 1 : 0;
 }
 
 MLAKIT_API mlakit_status_t mlakit_attention_create(const mlakit_mla_config_t* config,
