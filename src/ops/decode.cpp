@@ -92,8 +92,10 @@ int64_t workspace_elems(const DecodeSchedule& schedule, int64_t s_q, int64_t num
 #ifdef MLAKIT_WITH_CUDA
     return cuda::device_plan_sizes(schedule, s_q * num_heads, kv_lora_rank, op).layout.total;
 #else
-    require(false, ErrorCode::kUnsupported, op,
-            ": device-planned schedules belong to the CUDA backend, which this build lacks");
+    detail::fail(ErrorCode::kUnsupported,
+                 detail::str_cat(op,
+                                 ": device-planned schedules belong to the CUDA backend, which "
+                                 "this build lacks"));
 #endif
   }
   require(s_q >= 0 && num_heads >= 0 && kv_lora_rank >= 0 && schedule.total_splits >= 0,
