@@ -7,12 +7,10 @@ from dataclasses import dataclass
 from typing import Any, Optional
 
 from ._dlpack import (
-    KDL_CPU,
-    KDL_CUDA,
     DLDataType,
-    DLDevice,
     describe,
     describe_optional,
+    dl_device,
     dl_dtype_of,
 )
 from ._library import ForwardBatchC, MlaConfigC, call, lib
@@ -66,20 +64,9 @@ class MlaConfig:
         c.workspace_tokens = self.workspace_tokens
         c.max_model_len = self.max_model_len
         c.max_num_seqs = self.max_num_seqs
-        c.device = _dl_device(self.device)
+        c.device = dl_device(self.device)
         c.batch_invariant = 1 if self.batch_invariant else 0
         return c
-
-
-def _dl_device(device):
-    text = str(device)
-    if text == "cpu":
-        return DLDevice(KDL_CPU, 0)
-    if text == "cuda":
-        return DLDevice(KDL_CUDA, 0)
-    if text.startswith("cuda:") and text[5:].isdigit():
-        return DLDevice(KDL_CUDA, int(text[5:]))
-    raise ValueError(f"mlakit: device must be 'cpu', 'cuda' or 'cuda:<index>', got {device!r}")
 
 
 @dataclass
