@@ -599,6 +599,46 @@ TEST(MlaDecodeEmulated, PlanKernelMatchesTheHostPlan) {
   }
 }
 
+// A plan that would not fit its bounds (which work_plan_bounds excludes; here the bounds are cut
+// by hand) is reported and replaced by an empty one: nothing is written past a region.
+TEST(MlaDecodeEmulated, PlanKernelNeverOutgrowsItsBounds) {
+  const std::vector<int32_t> lens = {3000, 10, 700, 0, 4000};
+  const int64_t parts = 7, max_len = 4096;
+  const HostWorkPlan want = host_work_plan(lens, max_len, parts, false);
+  for (int cut = 0; cut < 3; ++cut) {
+    SCOPED_TRACE(testing::Message() << "cut " << cut);
+    cuda::WorkPlanBounds bounds = cuda::work_plan_bounds(5, parts, false, max_len);
+    if (cut == 0) bounds.max_segments = static_cast<int64_t>(want.segments.size()) - 1;
+    if (cut == 1) bounds.max_partials = want.partials - 1;
+    if (cut == 2) bounds.max_split_requests = static_cast<int64_t>(want.splits.size()) - 1;
+    const cuda::WorkspaceLayout layout = cuda::workspace_layout(parts, bounds, 16, kRank);
+    const int64_t guard = 64;  // words past the plan's regions that must stay untouched
+    std::vector<int32_t> ws(static_cast<size_t>(layout.partial_lse + guard), -7);
+    cuda::decode_sm90::PlanParams p{};
+    p.seq_lens = lens.data();
+    p.seq_lens_stride = 1;
+    p.batch = 5;
+    p.max_seq_len = static_cast<int32_t>(max_len);
+    p.num_parts = static_cast<int32_t>(parts);
+    p.bounds = bounds;
+    p.header = ws.data();
+    p.part_begin = ws.data() + layout.part_begin;
+    p.segments = reinterpret_cast<cuda::SegmentRecord*>(ws.data() + layout.segments);
+    p.segment_part = ws.data() + layout.segment_part;
+    p.splits = reinterpret_cast<cuda::SplitRecord*>(ws.data() + layout.splits);
+    uint32_t error_word = 0;
+    p.error_word = &error_word;
+    run_grid(sm90::mla_decode_plan_kernel, p, 1);
+    EXPECT_EQ(error_word, uint32_t{cuda::kDecodePlanOverflow});
+    EXPECT_EQ(ws[cuda::kHeaderSegments], 0);
+    EXPECT_EQ(ws[cuda::kHeaderSplitRequests], 0);
+    for (int64_t part = 0; part <= parts; ++part) EXPECT_EQ(p.part_begin[part], 0) << part;
+    for (int64_t i = layout.partial_lse; i < layout.partial_lse + guard; ++i) {
+      ASSERT_EQ(ws[i], -7) << "word " << i << " past the plan's regions was written";
+    }
+  }
+}
+
 // ---- decode against the oracle -----------------------------------------------------------------
 
 // 16-row CTAs: lengths around tile and page boundaries, an empty request; one part (no combine),
