@@ -1,11 +1,14 @@
-// CUDA absorbed-MQA decode (ops::mla_decode on device tensors) against this GPU's ceilings,
-// measured in the same run: device-to-device copy bandwidth (cudaMemcpy of 2 GiB, read + write
-// bytes), streaming-read bandwidth (a 16-byte-load kernel over 2 GiB) and the bf16 matrix peak
-// (cublasGemmEx 8192^3, bf16 in/out, f32 compute). Floor = max(bytes / read bandwidth, FLOPs /
-// bf16 peak) as in PERF.md; bytes = KV + q + out (+ lse), FLOPs = 2 s_q h_q sum(s_kv) (576 + 512).
+// CUDA absorbed-MQA decode (ops::mla_decode on device tensors, with the library's schedule from
+// plan_mla_decode) against this GPU's ceilings, measured in the same run: device-to-device copy
+// bandwidth (cudaMemcpy of 2 GiB, read + write bytes), streaming-read bandwidth (a 16-byte-load
+// kernel over 2 GiB) and the bf16 matrix peak (cublasGemmEx 8192^3, bf16 in/out, f32 compute).
+// Memory floor = bytes / read bandwidth, compute floor = FLOPs / bf16 peak, floor = the larger, as
+// in PERF.md; bytes = KV + q + out (+ lse), FLOPs = 2 s_q h_q sum(s_kv) (576 + 512).
+// Rows: every shape of issue 8's table (with FlashMLA's µs from PERF.md and the ratio), the same
+// shapes with a batch-invariant schedule (its cost), and the s_q x h_q grid at B64 s_kv 4096.
 // Each case cycles through enough copies of all its inputs that one cycle reads more than 3x the
 // L2 (180 MiB on an H200); one CUDA graph holds one decode per copy; per-decode time = replay
-// time / copies; median of kReps replays.
+// time / copies; median of kReps replays. --json PATH also writes the rows machine-readably.
 #include <cublas_v2.h>
 #include <cuda_bf16.h>
 #include <cuda_fp8.h>
@@ -15,11 +18,12 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <numeric>
 #include <random>
+#include <string>
 #include <vector>
 
-#include "cuda/decode/schedule.hpp"
 #include "mlakit/kv_cache.hpp"
 #include "mlakit/ops.hpp"
 #include "mlakit/plan.hpp"
@@ -171,27 +175,82 @@ Ceilings measure_ceilings(cudaStream_t stream, int num_sms) {
   return c;
 }
 
+// ---- FlashMLA anchors
+// ----------------------------------------------------------------------------
+
+// FlashMLA 9241ae3 (sm90 dense decode, bf16 cache, page 64) on one H200, measured side by side with
+// mlakit 1534446 in one process: same tensors, CUDA-graph replay, median of 5, inputs rotated past
+// 3x L2. Copied from ../shared/PERF.md, "Side by side, 2026-12-03" (issue 8's table). FlashMLA has
+// no fp8 cache; its varlen row used its own draw of lengths in [1, 8192].
+struct FlashMlaAnchor {
+  const char* shape;
+  double us;
+};
+constexpr FlashMlaAnchor kFlashMlaAnchorsPerfMd[] = {
+    {"B128 s_kv 4096 h_q 16", 151.0},        {"B128 s_kv 8192 h_q 16", 294.4},
+    {"B32 s_kv 1024 h_q 16", 20.2},          {"B64 s_kv 1024 h_q 16", 30.4},
+    {"B128 s_kv 4096 h_q 128", 256.5},       {"B128 s_kv 8192 h_q 128", 496.3},
+    {"B128 s_kv 8192 h_q 128 s_q 2", 956.2}, {"B1 s_kv 4096 h_q 128", 19.4},
+    {"B4 s_kv 32768 h_q 128", 78.8},         {"B128 s_kv U[1,8192] h_q 128", 278.7},
+};
+
+// FlashMLA's µs for `shape` (a bf16 row of the anchor table), 0 when it has none.
+double flashmla_us(const std::string& shape, KvCacheDType kv) {
+  if (kv != KvCacheDType::kAuto) return 0;
+  for (const FlashMlaAnchor& a : kFlashMlaAnchorsPerfMd) {
+    if (shape == a.shape) return a.us;
+  }
+  return 0;
+}
+
 // ---- decode cases ------------------------------------------------------------------------------
 
+// The seed of the varlen row's lengths (uniform in [1, 8192]): fixed, so every run times the same
+// batch.
+constexpr uint64_t kVarlenSeed = 8192;
+
 struct Case {
-  int64_t batch, s_kv, heads, s_q;
+  std::string shape;              // as issue 8 and PERF.md name it
+  std::vector<int32_t> seq_lens;  // [B]
+  int64_t heads, s_q;
   KvCacheDType kv_dtype;
+  bool batch_invariant;
 };
+
+Case uniform_case(int64_t batch, int64_t s_kv, int64_t heads, int64_t s_q, KvCacheDType kv,
+                  bool invariant) {
+  char shape[64];
+  std::snprintf(shape, sizeof(shape), "B%ld s_kv %ld h_q %ld", batch, s_kv, heads);
+  if (s_q > 1) {
+    std::snprintf(shape + std::strlen(shape), sizeof(shape) - std::strlen(shape), " s_q %ld", s_q);
+  }
+  return {shape,    std::vector<int32_t>(batch, static_cast<int32_t>(s_kv)), heads, s_q, kv,
+          invariant};
+}
+
+Case varlen_case(bool invariant) {
+  std::mt19937_64 rng(kVarlenSeed);
+  std::uniform_int_distribution<int32_t> len(1, 8192);
+  std::vector<int32_t> lens(128);
+  for (int32_t& l : lens) l = len(rng);
+  return {"B128 s_kv U[1,8192] h_q 128", lens, 128, 1, KvCacheDType::kAuto, invariant};
+}
 
 // All inputs and outputs of one decode call.
 struct Copy {
   Tensor q, cache, block_table, seq_lens, out, lse, workspace;
 };
 
-Copy make_copy(const Case& c, const mlakit::DecodeSchedule& schedule, std::mt19937_64& rng,
-               uint64_t seed) {
+Copy make_copy(const Case& c, int64_t width, const mlakit::DecodeSchedule& schedule,
+               std::mt19937_64& rng, uint64_t seed) {
   const bool fp8 = c.kv_dtype == KvCacheDType::kFp8E4m3;
   const DType element = fp8 ? DType::kFp8E4m3 : DType::kBF16;
-  const int64_t pages = (c.s_kv + kPageSize - 1) / kPageSize;
-  const int64_t num_blocks = c.batch * pages;
+  const int64_t batch = static_cast<int64_t>(c.seq_lens.size());
+  int64_t num_blocks = 0;
+  for (int32_t len : c.seq_lens) num_blocks += (len + kPageSize - 1) / kPageSize;
   const Device gpu = Device::cuda(0);
   Copy k;
-  k.q = Tensor::empty({c.batch, c.s_q, c.heads, 576}, element, gpu);
+  k.q = Tensor::empty({batch, c.s_q, c.heads, 576}, element, gpu);
   k.cache = Tensor::empty({num_blocks, kPageSize, 576}, fp8 ? DType::kU8 : DType::kBF16, gpu);
   fill(k.q, seed);
   fill(k.cache, seed + 1);  // u8 storage is filled as finite e4m3
@@ -199,37 +258,59 @@ Copy make_copy(const Case& c, const mlakit::DecodeSchedule& schedule, std::mt199
   std::vector<int32_t> ids(num_blocks);
   std::iota(ids.begin(), ids.end(), 0);
   std::shuffle(ids.begin(), ids.end(), rng);
-  const std::vector<int32_t> lens(c.batch, static_cast<int32_t>(c.s_kv));
-  k.block_table = Tensor::empty({c.batch, pages}, DType::kI32, gpu);
-  k.seq_lens = Tensor::empty({c.batch}, DType::kI32, gpu);
-  check(cudaMemcpy(k.block_table.view().data, ids.data(), ids.size() * 4, cudaMemcpyHostToDevice),
-        "table");
-  check(cudaMemcpy(k.seq_lens.view().data, lens.data(), lens.size() * 4, cudaMemcpyHostToDevice),
+  std::vector<int32_t> table(batch * width, 0);
+  int64_t next = 0;
+  for (int64_t b = 0; b < batch; ++b) {
+    for (int64_t col = 0; col < (c.seq_lens[b] + kPageSize - 1) / kPageSize; ++col) {
+      table[b * width + col] = ids[next++];
+    }
+  }
+  k.block_table = Tensor::empty({batch, width}, DType::kI32, gpu);
+  k.seq_lens = Tensor::empty({batch}, DType::kI32, gpu);
+  check(
+      cudaMemcpy(k.block_table.view().data, table.data(), table.size() * 4, cudaMemcpyHostToDevice),
+      "table");
+  check(cudaMemcpy(k.seq_lens.view().data, c.seq_lens.data(), c.seq_lens.size() * 4,
+                   cudaMemcpyHostToDevice),
         "lens");
-  k.out = Tensor::empty({c.batch, c.s_q, c.heads, 512}, DType::kBF16, gpu);
-  k.lse = Tensor::empty({c.batch, c.s_q, c.heads}, DType::kF32, gpu);
+  k.out = Tensor::empty({batch, c.s_q, c.heads, 512}, DType::kBF16, gpu);
+  k.lse = Tensor::empty({batch, c.s_q, c.heads}, DType::kF32, gpu);
   k.workspace = Tensor::empty({std::max<int64_t>(1, mlakit::ops::mla_decode_workspace_elems(
                                                         schedule, c.s_q, c.heads, 512))},
                               DType::kF32, gpu);
   return k;
 }
 
-void run_case(const Case& c, const Ceilings& ceil, cudaStream_t stream) {
+struct Row {
+  std::string shape, kv;
+  double mlakit_us, flashmla_us, floor_us;
+};
+
+Row run_case(const Case& c, const Ceilings& ceil, cudaStream_t stream) {
   const bool fp8 = c.kv_dtype == KvCacheDType::kFp8E4m3;
+  const int64_t batch = static_cast<int64_t>(c.seq_lens.size());
   const int64_t entry_bytes = fp8 ? 576 : 1152;
   const int64_t elem = fp8 ? 1 : 2;  // q bytes per value (fp8 q with an fp8 cache)
-  const int64_t kv_bytes = c.batch * c.s_kv * entry_bytes;
-  const int64_t q_bytes = c.batch * c.s_q * c.heads * 576 * elem;
-  const int64_t out_bytes = c.batch * c.s_q * c.heads * (512 * 2 + 4);
+  int64_t keys = 0, max_len = 0;
+  for (int32_t len : c.seq_lens) {
+    keys += len;
+    max_len = std::max<int64_t>(max_len, len);
+  }
+  const int64_t width = (max_len + kPageSize - 1) / kPageSize;
+  const int64_t kv_bytes = keys * entry_bytes;
+  const int64_t q_bytes = batch * c.s_q * c.heads * 576 * elem;
+  const int64_t out_bytes = batch * c.s_q * c.heads * (512 * 2 + 4);
   const int64_t bytes = kv_bytes + q_bytes + out_bytes;
-  const double flops = 2.0 * c.s_q * c.heads * double(c.batch * c.s_kv) * (576 + 512);
+  const double flops = 2.0 * c.s_q * c.heads * double(keys) * (576 + 512);
 
-  const mlakit::DecodeSchedule schedule =
-      mlakit::cuda::plan_decode_splits_cuda(c.batch, c.s_q, c.heads, c.s_kv, Device::cuda(0));
+  // The library's schedule: from the shape only (the lengths' bound is the table's width).
+  const mlakit::DecodeSchedule schedule = mlakit::ops::plan_mla_decode(
+      {Device::cuda(0), batch, c.s_q, c.heads, kPageSize, width * kPageSize, c.batch_invariant},
+      {});
   const int copies = static_cast<int>(std::max<int64_t>(1, (kRotateBytes + bytes - 1) / bytes));
   std::mt19937_64 rng(42);
   std::vector<Copy> k;
-  for (int i = 0; i < copies; ++i) k.push_back(make_copy(c, schedule, rng, 100 + 10 * i));
+  for (int i = 0; i < copies; ++i) k.push_back(make_copy(c, width, schedule, rng, 100 + 10 * i));
   check(cudaDeviceSynchronize(), "fill");
 
   const mlakit::ops::DecodeParams params{kScale, c.kv_dtype, 1.0f, 1.0f};
@@ -246,21 +327,69 @@ void run_case(const Case& c, const Ceilings& ceil, cudaStream_t stream) {
       median_ms(stream, [&] { check(cudaGraphLaunch(exec, stream), "replay"); }) / copies;
   cudaGraphExecDestroy(exec);
   cudaGraphDestroy(graph);
+  mlakit::ops::check_device_errors(Device::cuda(0), mlakit::Stream{stream});
 
   const double us = ms * 1e3;
-  const double floor_us =
-      std::max(bytes / (ceil.read_gbs * 1e9), flops / (ceil.bf16_tflops * 1e12)) * 1e6;
+  const double memory_floor_us = bytes / (ceil.read_gbs * 1e9) * 1e6;
+  const double compute_floor_us = flops / (ceil.bf16_tflops * 1e12) * 1e6;
+  const double floor_us = std::max(memory_floor_us, compute_floor_us);
   const double perf_floor_us =
       std::max(bytes / (kPerfReadGbs * 1e9), flops / (kPerfTflops * 1e12)) * 1e6;
-  std::printf("%5ld %6ld %4ld %3ld  %-5s %6ld %9.1f %8.0f %7.1f %9.1f %6.1f%% %6.1f%%\n", c.batch,
-              c.s_kv, c.heads, c.s_q, fp8 ? "fp8" : "bf16", schedule.max_splits, us,
-              bytes / (us * 1e-6) / 1e9, flops / (us * 1e-6) / 1e12, floor_us,
-              100.0 * floor_us / us, 100.0 * perf_floor_us / us);
+  Row row{c.shape + (c.batch_invariant ? " batch-invariant" : ""), fp8 ? "fp8_e4m3" : "bf16", us,
+          c.batch_invariant ? 0.0 : flashmla_us(c.shape, c.kv_dtype), floor_us};
+  char ratio[16] = "      -";
+  if (row.flashmla_us > 0) std::snprintf(ratio, sizeof(ratio), "%7.2f", us / row.flashmla_us);
+  char anchor[16] = "      -";
+  if (row.flashmla_us > 0) std::snprintf(anchor, sizeof(anchor), "%7.1f", row.flashmla_us);
+  std::printf("%-44s %-8s %5ld %9.1f %6.0f %6.1f %8.1f %8.1f %6.1f%% %6.1f%% %s %s\n",
+              row.shape.c_str(), row.kv.c_str(), schedule.device.num_parts, us,
+              bytes / (us * 1e-6) / 1e9, flops / (us * 1e-6) / 1e12, memory_floor_us,
+              compute_floor_us, 100.0 * floor_us / us, 100.0 * perf_floor_us / us, anchor, ratio);
+  std::fflush(stdout);
+  return row;
+}
+
+// The machine-readable rows: a JSON list of {shape, kv, mlakit_us, flashmla_us (null without an
+// anchor), floor_us, commit}.
+void write_json(const std::string& path, const std::vector<Row>& rows, const std::string& commit) {
+  FILE* f = std::fopen(path.c_str(), "w");
+  if (f == nullptr) {
+    std::fprintf(stderr, "bench_gpu_decode: cannot write %s\n", path.c_str());
+    std::exit(1);
+  }
+  std::fprintf(f, "[\n");
+  for (size_t i = 0; i < rows.size(); ++i) {
+    const Row& r = rows[i];
+    char anchor[32] = "null";
+    if (r.flashmla_us > 0) std::snprintf(anchor, sizeof(anchor), "%.1f", r.flashmla_us);
+    std::fprintf(f,
+                 "  {\"shape\": \"%s\", \"kv\": \"%s\", \"mlakit_us\": %.1f, \"flashmla_us\": %s, "
+                 "\"floor_us\": %.1f, \"commit\": \"%s\"}%s\n",
+                 r.shape.c_str(), r.kv.c_str(), r.mlakit_us, anchor, r.floor_us, commit.c_str(),
+                 i + 1 < rows.size() ? "," : "");
+  }
+  std::fprintf(f, "]\n");
+  std::fclose(f);
 }
 
 }  // namespace
 
-int main() {
+// Usage: bench_gpu_decode [--json PATH] [--commit HASH]
+//   --json    also write the rows as JSON to PATH (bench/results/<date>-h200-decode.json)
+//   --commit  the commit the rows are recorded against (default: $MLAKIT_COMMIT, else "unknown")
+int main(int argc, char** argv) {
+  std::string json_path;
+  const char* env_commit = std::getenv("MLAKIT_COMMIT");
+  std::string commit = env_commit != nullptr ? env_commit : "unknown";
+  for (int i = 1; i < argc; ++i) {
+    const std::string arg = argv[i];
+    if ((arg == "--json" || arg == "--commit") && i + 1 < argc) {
+      (arg == "--json" ? json_path : commit) = argv[++i];
+    } else {
+      std::fprintf(stderr, "usage: bench_gpu_decode [--json PATH] [--commit HASH]\n");
+      return 2;
+    }
+  }
   int count = 0;
   if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
     std::printf("bench_gpu_decode: no CUDA device\n");
@@ -268,8 +397,8 @@ int main() {
   }
   cudaDeviceProp prop;
   check(cudaGetDeviceProperties(&prop, 0), "cudaGetDeviceProperties");
-  std::printf("%s: %d SMs, %.0f MiB L2\n", prop.name, prop.multiProcessorCount,
-              prop.l2CacheSize / 1048576.0);
+  std::printf("%s: %d SMs, %.0f MiB L2; commit %s\n", prop.name, prop.multiProcessorCount,
+              prop.l2CacheSize / 1048576.0, commit.c_str());
   cudaStream_t stream;
   check(cudaStreamCreate(&stream), "cudaStreamCreate");
 
@@ -279,19 +408,35 @@ int main() {
       "bf16 GEMM %d^3 %.0f TFLOP/s\n\n",
       ceil.copy_gbs, ceil.read_gbs, kGemmN, ceil.bf16_tflops);
 
-  std::printf(
-      "    B   s_kv  h_q s_q  cache splits        us     GB/s    TF/s  floor us  %% floor  "
-      "%% PERF.md floor\n");
-  const Case cases[] = {
-      {128, 4096, 16, 1, KvCacheDType::kAuto},    {128, 4096, 128, 1, KvCacheDType::kAuto},
-      {128, 8192, 16, 1, KvCacheDType::kAuto},    {128, 8192, 128, 1, KvCacheDType::kAuto},
-      {128, 8192, 128, 2, KvCacheDType::kAuto},   {64, 1024, 16, 1, KvCacheDType::kAuto},
-      {32, 1024, 16, 1, KvCacheDType::kAuto},     {32, 4096, 128, 1, KvCacheDType::kAuto},
-      {1, 4096, 128, 1, KvCacheDType::kAuto},     {128, 4096, 16, 1, KvCacheDType::kFp8E4m3},
-      {128, 8192, 16, 1, KvCacheDType::kFp8E4m3}, {64, 1024, 16, 1, KvCacheDType::kFp8E4m3},
-      {32, 1024, 16, 1, KvCacheDType::kFp8E4m3},
-  };
-  for (const Case& c : cases) run_case(c, ceil, stream);
+  std::printf("%-44s %-8s %5s %9s %6s %6s %8s %8s %7s %7s %7s %7s\n", "shape (page 64)", "kv",
+              "parts", "us", "GB/s", "TF/s", "mem us", "flop us", "%floor", "%PERF", "FlashMLA",
+              "ratio");
+  // Issue 8's table, then each of its shapes batch-invariant (its cost), then item 4's s_q x h_q
+  // grid at B64 s_kv 4096.
+  std::vector<Case> cases;
+  for (bool invariant : {false, true}) {
+    const KvCacheDType bf16 = KvCacheDType::kAuto, fp8 = KvCacheDType::kFp8E4m3;
+    cases.push_back(uniform_case(128, 4096, 16, 1, bf16, invariant));
+    cases.push_back(uniform_case(128, 8192, 16, 1, bf16, invariant));
+    cases.push_back(uniform_case(32, 1024, 16, 1, bf16, invariant));
+    cases.push_back(uniform_case(64, 1024, 16, 1, bf16, invariant));
+    cases.push_back(uniform_case(128, 4096, 128, 1, bf16, invariant));
+    cases.push_back(uniform_case(128, 8192, 128, 1, bf16, invariant));
+    cases.push_back(uniform_case(128, 8192, 128, 2, bf16, invariant));
+    cases.push_back(uniform_case(1, 4096, 128, 1, bf16, invariant));
+    cases.push_back(uniform_case(4, 32768, 128, 1, bf16, invariant));
+    cases.push_back(varlen_case(invariant));
+    cases.push_back(uniform_case(128, 8192, 16, 1, fp8, invariant));
+    cases.push_back(uniform_case(128, 8192, 128, 1, fp8, invariant));
+  }
+  for (int64_t heads : {16, 32, 64, 128}) {
+    for (int64_t s_q : {1, 2, 4, 8}) {
+      cases.push_back(uniform_case(64, 4096, heads, s_q, KvCacheDType::kAuto, false));
+    }
+  }
+  std::vector<Row> rows;
+  for (const Case& c : cases) rows.push_back(run_case(c, ceil, stream));
   cudaStreamDestroy(stream);
+  if (!json_path.empty()) write_json(json_path, rows, commit);
   return 0;
 }

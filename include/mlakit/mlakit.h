@@ -151,35 +151,57 @@ MLAKIT_API mlakit_status_t mlakit_scaled_fp8_quant(const DLTensor* input, const 
 MLAKIT_API mlakit_status_t mlakit_check_device_errors(int32_t device_type, int32_t device_id,
                                                       void* stream);
 
-/* Absorbed MQA decode over the paged cache, convenience form for HOST tensors (it plans the
- * split-KV schedule and allocates its workspace). Query j of request b attends keys
- * [0, seq_lens[b] - s_q + j]; seq_len 0 gives out 0, lse -inf.
+/* Absorbed MQA decode over the paged cache, convenience form (it plans the split-KV schedule
+ * itself, with mlakit_plan_mla_decode's choice, and allocates its workspace). Query j of request b
+ * attends keys [0, seq_lens[b] - s_q + j]; seq_len 0 gives out 0, lse -inf.
  * q: [B, s_q, N, L + R] act (or fp8 for fp8 caches, dequantized with q_scale); kv_cache:
  * [num_blocks, block_size, entry_width]; block_table: int32 [B, max_blocks]; seq_lens: int32 [B];
  * out: [B, s_q, N, L] f32/f16/bf16; lse: f32 [B, s_q, N]; scale: softmax scale (> 0);
- * k_scale: scale of fp8 e4m3 caches. For CUDA tensors use mlakit_mla_decode_scheduled. */
+ * k_scale: scale of fp8 e4m3 caches. CUDA tensors: runs on the default stream and waits for it
+ * (it frees its workspace), so it cannot be captured in a CUDA graph; use
+ * mlakit_mla_decode_scheduled there. */
 MLAKIT_API mlakit_status_t mlakit_mla_decode(const DLTensor* q, const DLTensor* kv_cache,
                                              const DLTensor* block_table, const DLTensor* seq_lens,
                                              const DLTensor* out, const DLTensor* lse, float scale,
                                              int32_t kv_cache_dtype /* mlakit_kv_cache_dtype_t */,
                                              float q_scale, float k_scale);
 
-/* The split-KV schedule of a decode batch, planned on the host from the host copy of seq_lens. */
+/* The split-KV schedule of a decode call. */
 typedef struct mlakit_decode_schedule mlakit_decode_schedule_t;
-/* seq_lens: host int32 [num_seqs]; num_workers: parallel workers to spread the splits over. */
+/* The shape of one mlakit_mla_decode_scheduled call, for planning. */
+typedef struct mlakit_decode_plan_shape {
+  DLDevice device;         /* where the decode runs (kDLCPU or kDLCUDA) */
+  int64_t batch;           /* B */
+  int64_t s_q;             /* queries per request (>= 1) */
+  int64_t num_heads;       /* N (>= 1) */
+  int64_t block_size;      /* tokens per cache block (>= 1) */
+  int64_t max_seq_len;     /* bound on every seq_len, e.g. block_table width * block_size */
+  int32_t batch_invariant; /* nonzero: pieces depend on each request's own seq_len only */
+} mlakit_decode_plan_shape_t;
+/* The schedule the library chooses for `shape` on its device (what mlakit_mla_decode and the
+ * attention layer use). The CPU plans from seq_lens (host int32 [batch], required); a CUDA
+ * schedule depends on the shape only (seq_lens may be NULL): the GPU cuts the keys at run time, so
+ * the schedule serves any lengths up to max_seq_len (a longer seq_len gives NaN rows and the
+ * device error word) and any block tables, also in a captured CUDA graph. */
+MLAKIT_API mlakit_status_t mlakit_plan_mla_decode(const mlakit_decode_plan_shape_t* shape,
+                                                  const int32_t* seq_lens,
+                                                  mlakit_decode_schedule_t** schedule);
+/* The CPU's schedule with an explicit worker count. seq_lens: host int32 [num_seqs]; num_workers:
+ * parallel workers to spread the splits over. */
 MLAKIT_API mlakit_status_t mlakit_plan_decode_splits(const int32_t* seq_lens, int64_t num_seqs,
                                                      int64_t block_size, int64_t num_workers,
                                                      mlakit_decode_schedule_t** schedule);
 MLAKIT_API void mlakit_decode_schedule_destroy(mlakit_decode_schedule_t* schedule);
 MLAKIT_API mlakit_status_t mlakit_decode_schedule_info(const mlakit_decode_schedule_t* schedule,
                                                        int64_t* total_splits, int64_t* max_splits);
-/* f32 elements the split workspace of mlakit_mla_decode_scheduled needs. */
+/* f32 elements the split workspace of mlakit_mla_decode_scheduled needs (the schedule's own
+ * s_q and num_heads for a CUDA schedule). */
 MLAKIT_API mlakit_status_t mlakit_decode_workspace_elems(const mlakit_decode_schedule_t* schedule,
                                                          int64_t s_q, int64_t num_heads,
                                                          int64_t kv_lora_rank, int64_t* elems);
-/* mlakit_mla_decode with a caller-made schedule (of the same seq_lens) and a caller-owned f32
- * split_workspace on the tensors' device: allocates nothing, so it can be captured in a CUDA
- * graph. */
+/* mlakit_mla_decode with a schedule from mlakit_plan_mla_decode (a CPU one for the same seq_lens,
+ * a CUDA one for the same shape) and a caller-owned f32 split_workspace on the tensors' device
+ * (16-byte aligned on CUDA): allocates nothing, so it can be captured in a CUDA graph. */
 MLAKIT_API mlakit_status_t mlakit_mla_decode_scheduled(
     const DLTensor* q, const DLTensor* kv_cache, const DLTensor* block_table,
     const DLTensor* seq_lens, const DLTensor* out, const DLTensor* lse, float scale,
@@ -309,8 +331,9 @@ typedef struct mlakit_mla_config {
   int64_t max_model_len;          /* tokens of one request (context + new) */
   int64_t max_num_seqs;           /* requests of one step */
   int64_t max_num_batched_tokens; /* tokens of one step */
-  /* 1: decode split boundaries depend on each request's own length only, so its output bits do
-   * not depend on the rest of the batch; 0: balanced splits. */
+  /* 1: decode attention cuts each request's keys by its own length only, so its result is bitwise
+   * the same whatever else is in the batch (the projections are not made invariant); 0: balanced
+   * splits. */
   int32_t batch_invariant;
   DLDevice device; /* where the layer runs (weights, workspace) */
 } mlakit_mla_config_t;

@@ -102,8 +102,12 @@ struct DecodeParams {
 // seq_lens:         i32 [B]
 // out:              [B, s_q, N, L]  f32, f16 or bf16
 // lse_tokens_heads: f32 [B, s_q, N]
-// schedule:         plan_mla_decode(...) for the same batch (below)
-// split_workspace:  f32 with >= mla_decode_workspace_elems(...) elements (partials of the splits)
+// schedule:         plan_mla_decode(...) for the same batch (below): host splits for the CPU,
+//                   device-planned (shape only) for CUDA
+// split_workspace:  f32 with >= mla_decode_workspace_elems(...) elements (partial results; on
+//                   CUDA also the work plan the GPU computes from seq_lens), 16-byte aligned on
+//                   CUDA. On CUDA the call allocates nothing and never synchronizes: capturable in
+//                   a CUDA graph, whose replays follow new seq_lens and block tables.
 void mla_decode(const TensorView& q, const TensorView& kv_cache, const TensorView& block_table,
                 const TensorView& seq_lens, const TensorView& out,
                 const TensorView& lse_tokens_heads, const DecodeParams& params,
@@ -112,7 +116,12 @@ void mla_decode(const TensorView& q, const TensorView& kv_cache, const TensorVie
 int64_t mla_decode_workspace_elems(const DecodeSchedule& schedule, int64_t s_q, int64_t num_heads,
                                    int64_t kv_lora_rank);
 // The split-KV schedule of one mla_decode call, chosen by the backend of `device`: the one place
-// where the caller (e.g. the MlaAttention orchestrator) asks a backend how to cut the keys.
+// where the caller (e.g. the MlaAttention orchestrator) asks a backend how to cut the keys. CPU:
+// a kHostSplits schedule from the host seq_lens. CUDA: a kDevicePlanned schedule from the shape
+// only; the GPU cuts the batch's key tiles into near-equal shares per SM at run time, crossing
+// request boundaries (docs/kernels/decode_sm90.md, "Schedule"). batch_invariant: every request is
+// cut by its own seq_len only, so its out and lse bits do not depend on the rest of the batch or
+// on B (at some cost in speed; on the GPU also in workspace).
 struct DecodePlanShape {
   Device device{};               // where the decode runs
   int64_t batch = 0;             // B
@@ -124,13 +133,17 @@ struct DecodePlanShape {
 };
 // seq_lens: host copy of the [B] lengths. The CPU plans from them (they must then be the values
 // the decode will read); the GPU schedule depends on the shape only (seq_lens may be empty), so a
-// captured CUDA graph serves any lengths up to max_seq_len.
+// captured CUDA graph serves any lengths up to max_seq_len (a longer one is a bad index: NaN rows
+// and the device error word).
 DecodeSchedule plan_mla_decode(const DecodePlanShape& shape, std::span<const int32_t> seq_lens);
 // The largest mla_decode_workspace_elems of any schedule plan_mla_decode returns for `shape`, over
 // all seq_lens up to shape.max_seq_len: sizes an engine's workspace up front.
 int64_t mla_decode_max_workspace_elems(const DecodePlanShape& shape, int64_t kv_lora_rank);
 
-// Convenience form for host tensors: plans the splits and allocates the workspace itself.
+// Convenience form: plans with plan_mla_decode's choice (max_seq_len = block_table width x
+// block_size) and allocates the workspace itself. For CUDA tensors it runs on the default stream
+// and waits for it before returning (it frees the workspace): not graph-safe, and slower than the
+// scheduled form with a reused workspace.
 void mla_decode(const TensorView& q, const TensorView& kv_cache, const TensorView& block_table,
                 const TensorView& seq_lens, const TensorView& out,
                 const TensorView& lse_tokens_heads, const DecodeParams& params);

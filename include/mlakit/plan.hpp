@@ -55,22 +55,47 @@ struct ContextChunk {
 };
 
 // ---- Decode split-KV schedule -------------------------------------------------------------------
-// Request b's keys [0, seq_lens[b]) are cut into num_splits(b) pieces of split_len[b] tokens
-// (a multiple of the block size; the last piece may be shorter). Split k of request b is global
-// split index split_offsets[b] + k. A request with seq_len 0 has no split.
+// How one mla_decode call cuts its requests' keys into pieces computed in parallel and merged by
+// LSE. Two kinds, one per backend family (ops::plan_mla_decode picks the device's):
+//  - kHostSplits (CPU backend): planned on the host from the host seq_lens. Request b's keys
+//    [0, seq_lens[b]) are cut into num_splits(b) pieces of split_len[b] tokens (a multiple of the
+//    block size; the last piece may be shorter). Split k of request b is global split index
+//    split_offsets[b] + k. A request with seq_len 0 has no split.
+//  - kDevicePlanned (CUDA backend): depends on the shape only (`device`). At run time a small
+//    kernel reads the device seq_lens and cuts the batch's key tiles into near-equal shares, one
+//    per CTA (docs/kernels/decode_sm90.md, "Schedule"), so one captured CUDA graph serves any
+//    lengths and block tables of that shape. split_offsets and split_len are empty; total_splits
+//    is the most partial results the plan can need and max_splits the most pieces of one request.
+enum class DecodeScheduleKind : uint8_t { kHostSplits, kDevicePlanned };
+
+// The shape a kDevicePlanned schedule was planned for; the op rejects it for another shape.
+struct DeviceDecodeSchedule {
+  int64_t batch = 0;      // B
+  int64_t s_q = 0;        // queries per request
+  int64_t num_heads = 0;  // N
+  // Bound on every seq_len (e.g. block-table width x block size): a longer seq_len is a bad index
+  // (NaN rows and the device error word), like one beyond the block table.
+  int64_t max_seq_len = 0;
+  int64_t num_parts = 0;  // P: CTAs per tile of query rows, each taking one share of the keys
+  bool batch_invariant = false;  // pieces depend on the request's own seq_len only
+};
+
 struct DecodeSchedule {
-  std::vector<int32_t> split_offsets;  // [B + 1] cumulative split counts
-  std::vector<int32_t> split_len;      // [B] tokens per split (multiple of block_size)
+  DecodeScheduleKind kind = DecodeScheduleKind::kHostSplits;
+  std::vector<int32_t> split_offsets;  // [B + 1] cumulative split counts (kHostSplits)
+  std::vector<int32_t> split_len;      // [B] tokens per split (multiple of block_size; kHostSplits)
   int64_t total_splits = 0;
-  int64_t max_splits = 0;  // largest split count of any request
+  int64_t max_splits = 0;       // largest split count of any request
+  DeviceDecodeSchedule device;  // kDevicePlanned only
 
   int64_t num_splits(int64_t b) const { return split_offsets[b + 1] - split_offsets[b]; }
   bool operator==(const DecodeSchedule&) const = default;
 };
-// seq_lens: [B] keys per decode request. Splits are sized so that about `num_workers` * a small
-// factor pieces of equal length exist, never shorter than one block. With batch_invariant, a
-// request is cut into pieces of max(1024, ceil(len / 16)) keys rounded up to whole blocks, so its
-// splits, and with them its output bits, do not depend on the other requests of the batch.
+// The kHostSplits schedule. seq_lens: [B] keys per decode request. Splits are sized so that about
+// `num_workers` * a small factor pieces of equal length exist, never shorter than one block. With
+// batch_invariant, a request is cut into pieces of max(1024, ceil(len / 16)) keys rounded up to
+// whole blocks, so its splits, and with them its output bits, do not depend on the other requests
+// of the batch.
 DecodeSchedule plan_decode_splits(std::span<const int32_t> seq_lens, int64_t block_size,
                                   int64_t num_workers, bool batch_invariant = false);
 // The largest total_splits plan_decode_splits can return for `batch` requests of at most

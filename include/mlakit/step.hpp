@@ -39,8 +39,10 @@ struct MlaAttentionConfig {
   int64_t max_num_seqs = 256;             // requests of one step
   int64_t max_num_batched_tokens = 8192;  // tokens of one step
   ChunkPolicy chunk_policy = ChunkPolicy::kPacked;
-  // Decode split boundaries depend on each request's own length only, so a request's output bits
-  // do not depend on the rest of the batch (at some cost in balance).
+  // Decode attention cuts each request's keys by its own length only (DecodePlanShape::
+  // batch_invariant), so a decode request's latent output and LSE are bitwise the same whatever
+  // else is in the batch (at some cost in balance). The projections around it (batched_matmul)
+  // are not made invariant.
   bool batch_invariant = false;
   Device device{};
 };

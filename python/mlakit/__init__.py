@@ -30,6 +30,7 @@ from .ops import (
     merge_attn_states,
     mla_decode,
     mla_prefill,
+    plan_mla_decode,
     scaled_fp8_quant,
     static_scaled_fp8_quant,
 )
@@ -94,6 +95,7 @@ __all__ = [
     "mla_decode",
     "mla_prefill",
     "plan",
+    "plan_mla_decode",
     "plan_step",
     "reorder_decodes_first",
     "scaled_fp8_quant",

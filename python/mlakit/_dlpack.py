@@ -24,6 +24,18 @@ class DLDevice(ctypes.Structure):
     _fields_ = [("device_type", ctypes.c_int32), ("device_id", ctypes.c_int32)]
 
 
+def dl_device(device):
+    """The DLDevice of 'cpu', 'cuda', 'cuda:<index>' (or a torch.device, through its name)."""
+    text = str(device)
+    if text == "cpu":
+        return DLDevice(KDL_CPU, 0)
+    if text == "cuda":
+        return DLDevice(KDL_CUDA, 0)
+    if text.startswith("cuda:") and text[5:].isdigit():
+        return DLDevice(KDL_CUDA, int(text[5:]))
+    raise ValueError(f"mlakit: device must be 'cpu', 'cuda' or 'cuda:<index>', got {device!r}")
+
+
 class DLDataType(ctypes.Structure):
     _fields_ = [("code", ctypes.c_uint8), ("bits", ctypes.c_uint8), ("lanes", ctypes.c_uint16)]
 

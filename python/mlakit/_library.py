@@ -159,6 +159,18 @@ class MlaConfigC(ctypes.Structure):
     ]
 
 
+class DecodePlanShapeC(ctypes.Structure):
+    _fields_ = [
+        ("device", DLDevice),
+        ("batch", _i64),
+        ("s_q", _i64),
+        ("num_heads", _i64),
+        ("block_size", _i64),
+        ("max_seq_len", _i64),
+        ("batch_invariant", _i32),
+    ]
+
+
 class ForwardBatchC(ctypes.Structure):
     _fields_ = [
         ("query_start_loc", _pi32),
@@ -190,6 +202,7 @@ _STATUS_FUNCTIONS = {
     "mlakit_scaled_fp8_quant": [_T, _T, _f32, _vp],
     "mlakit_check_device_errors": [_i32, _i32, _vp],
     "mlakit_mla_decode": [_T, _T, _T, _T, _T, _T, _f32, _i32, _f32, _f32],
+    "mlakit_plan_mla_decode": [_P(DecodePlanShapeC), _pi32, _P(_vp)],
     "mlakit_plan_decode_splits": [_pi32, _i64, _i64, _i64, _P(_vp)],
     "mlakit_decode_schedule_info": [_vp, _pi64, _pi64],
     "mlakit_decode_workspace_elems": [_vp, _i64, _i64, _i64, _pi64],

@@ -7,12 +7,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from ._dlpack import (
-    KDL_CPU,
-    KDL_CUDA,
     DLDataType,
-    DLDevice,
     describe,
     describe_optional,
+    dl_device,
     dl_dtype_of,
 )
 from ._library import MlaConfigC, call, lib
@@ -44,8 +42,8 @@ class MlaConfig:
     max_num_seqs: int = 256  # requests of one step
     max_num_batched_tokens: int = 8192  # tokens of one step
     chunk_policy: Any = "packed"  # "packed" or "equal_share"
-    # Decode splits that depend on each request's own length only: a request's output bits do not
-    # depend on the rest of the batch.
+    # Decode attention cut by each request's own length only: a decode request's output bits do not
+    # depend on the rest of the batch (the projections are not made invariant).
     batch_invariant: bool = False
     device: str = "cpu"  # "cpu", "cuda" or "cuda:<index>"
 
@@ -71,19 +69,8 @@ class MlaConfig:
         c.max_num_seqs = self.max_num_seqs
         c.max_num_batched_tokens = self.max_num_batched_tokens
         c.batch_invariant = 1 if self.batch_invariant else 0
-        c.device = _dl_device(self.device)
+        c.device = dl_device(self.device)
         return c
-
-
-def _dl_device(device):
-    text = str(device)
-    if text == "cpu":
-        return DLDevice(KDL_CPU, 0)
-    if text == "cuda":
-        return DLDevice(KDL_CUDA, 0)
-    if text.startswith("cuda:") and text[5:].isdigit():
-        return DLDevice(KDL_CUDA, int(text[5:]))
-    raise ValueError(f"mlakit: device must be 'cpu', 'cuda' or 'cuda:<index>', got {device!r}")
 
 
 # Live layers by layer_id, for the torch ops (which cannot take objects).

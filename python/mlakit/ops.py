@@ -12,8 +12,8 @@ import weakref
 
 import numpy as np
 
-from ._dlpack import KDL_CPU, KDL_CUDA, describe, describe_optional, is_torch_tensor
-from ._library import call, lib
+from ._dlpack import KDL_CPU, KDL_CUDA, describe, describe_optional, dl_device, is_torch_tensor
+from ._library import DecodePlanShapeC, call, lib
 
 _KV_CACHE_DTYPES = {}  # name -> code, filled by kv_cache_dtype_code
 
@@ -158,9 +158,12 @@ def scaled_fp8_quant(input, scale, output=None):
 
 
 class DecodeSchedule:
-    """The split-KV schedule of a decode batch (plan once per batch, reuse for every layer).
+    """The split-KV schedule of a decode call (plan once per batch, reuse for every layer).
 
-    seq_lens: host int32 [B]; num_workers: parallel workers to spread the splits over."""
+    plan_mla_decode gives the schedule the library chooses for a device. This constructor is the
+    CPU planner with an explicit worker count: seq_lens: host int32 [B]; num_workers: parallel
+    workers to spread the splits over. total_splits: partial results (for a CUDA schedule the most
+    the device plan can produce); max_splits: the most pieces of one request."""
 
     def __init__(self, seq_lens, block_size, num_workers=1):
         from .planning import host_int32
@@ -169,6 +172,15 @@ class DecodeSchedule:
         handle = ctypes.c_void_p()
         call("mlakit_plan_decode_splits", lens.ctypes.data_as(ctypes.POINTER(ctypes.c_int32)),
              lens.size, int(block_size), int(num_workers), ctypes.byref(handle))
+        self._adopt(handle)
+
+    @classmethod
+    def _from_handle(cls, handle):
+        schedule = cls.__new__(cls)
+        schedule._adopt(handle)
+        return schedule
+
+    def _adopt(self, handle):
         self._handle = handle
         self._finalizer = weakref.finalize(self, lib.mlakit_decode_schedule_destroy, handle)
         total, most = ctypes.c_int64(), ctypes.c_int64()
@@ -184,6 +196,29 @@ class DecodeSchedule:
         return elems.value
 
 
+def plan_mla_decode(device, batch, s_q, num_heads, block_size, max_seq_len, seq_lens=None,
+                    batch_invariant=False):
+    """The schedule the library chooses for one mla_decode call on `device` ('cpu', 'cuda',
+    'cuda:<index>' or a torch.device). The CPU plans from seq_lens (host int32 [batch], required).
+    A CUDA schedule depends on the shape only (seq_lens is ignored): the GPU cuts the keys into
+    near-equal shares at run time, so the schedule and its workspace serve any lengths up to
+    max_seq_len (e.g. block_table width * block_size) and can be captured in a CUDA graph.
+    batch_invariant: each request is cut by its own length only, so its output bits do not depend
+    on the rest of the batch."""
+    from .planning import host_int32
+
+    shape = DecodePlanShapeC(dl_device(device), int(batch), int(s_q), int(num_heads),
+                             int(block_size), int(max_seq_len), 1 if batch_invariant else 0)
+    lens = None
+    if seq_lens is not None and shape.device.device_type == KDL_CPU:
+        lens = host_int32(seq_lens, "seq_lens")
+    handle = ctypes.c_void_p()
+    call("mlakit_plan_mla_decode", ctypes.byref(shape),
+         None if lens is None else lens.ctypes.data_as(ctypes.POINTER(ctypes.c_int32)),
+         ctypes.byref(handle))
+    return DecodeSchedule._from_handle(handle)
+
+
 def mla_decode(q, kv_cache, block_table, seq_lens, out, lse, scale, kv_cache_dtype="auto",
                q_scale=1.0, k_scale=1.0, schedule=None, workspace=None):
     """Absorbed MQA decode over the paged latent cache: query j of request b attends keys
@@ -193,10 +228,12 @@ def mla_decode(q, kv_cache, block_table, seq_lens, out, lse, scale, kv_cache_dty
     block_size, entry_width]; block_table: int32 [B, max_blocks]; seq_lens: int32 [B];
     out: [B, s_q, N, L] (written); lse: float32 [B, s_q, N] (written).
 
-    Without `schedule` (host tensors only) the library plans the splits and allocates the
-    workspace. With a DecodeSchedule of the same seq_lens, `workspace` (float32, at least
-    schedule.workspace_elems(s_q, N, L) elements, on the tensors' device) is required and the
-    call allocates nothing."""
+    Without `schedule` the library plans the splits (plan_mla_decode's choice) and allocates the
+    workspace (for torch CUDA tensors through torch, on the tensors' device; the call then runs on
+    torch's current stream like every other op, but allocates, so keep it out of CUDA graphs).
+    With a schedule from plan_mla_decode (a CPU one for the same seq_lens, a CUDA one for the
+    same shape) `workspace` (float32, at least schedule.workspace_elems(s_q, N, L) elements, on
+    the tensors' device) is required and the call allocates nothing."""
     args = [describe(q, "q"), describe(kv_cache, "kv_cache"), describe(block_table, "block_table"),
             describe(seq_lens, "seq_lens"), describe(out, "out", writable=True),
             describe(lse, "lse", writable=True)]
@@ -206,8 +243,16 @@ def mla_decode(q, kv_cache, block_table, seq_lens, out, lse, scale, kv_cache_dty
     if schedule is None:
         if workspace is not None:
             raise ValueError("mlakit: mla_decode: workspace is used only together with schedule")
-        call("mlakit_mla_decode", *refs, *scalars)
-        return
+        if not _plannable_on_cuda(args, q, kv_cache, block_table, out):
+            call("mlakit_mla_decode", *refs, *scalars)
+            return
+        import torch
+
+        batch, s_q, heads = q.shape[:3]
+        schedule = plan_mla_decode(q.device, batch, s_q, heads, kv_cache.shape[1],
+                                   block_table.shape[1] * kv_cache.shape[1])
+        workspace = torch.empty(max(1, schedule.workspace_elems(s_q, heads, out.shape[3])),
+                                dtype=torch.float32, device=q.device)
     if workspace is None:
         raise ValueError(
             "mlakit: mla_decode: a schedule needs its workspace "
@@ -216,6 +261,13 @@ def mla_decode(q, kv_cache, block_table, seq_lens, out, lse, scale, kv_cache_dty
     ws = describe(workspace, "workspace", writable=True)
     call("mlakit_mla_decode_scheduled", *refs, *scalars, schedule._handle, ws.ref,
          stream_of(*args, ws))
+
+
+def _plannable_on_cuda(args, q, kv_cache, block_table, out):
+    """torch CUDA tensors of the ranks mla_decode takes (others go to the C convenience call,
+    which reports what is wrong with them)."""
+    return (args[0].device[0] == KDL_CUDA and q.ndim == 4 and kv_cache.ndim == 3
+            and block_table.ndim == 2 and out.ndim == 4)
 
 
 def mla_prefill(q, k_nope, k_pe, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
@@ -244,6 +296,7 @@ __all__ = [
     "merge_attn_states",
     "mla_decode",
     "mla_prefill",
+    "plan_mla_decode",
     "scaled_fp8_quant",
     "static_scaled_fp8_quant",
 ]

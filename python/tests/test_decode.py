@@ -104,6 +104,40 @@ def test_decode_with_schedule_and_caller_workspace(rng):
     check_close(out, lse, ref, ref_lse, np.float32)
 
 
+@pytest.mark.parametrize("batch_invariant", [False, True])
+def test_plan_mla_decode_gives_the_cpu_schedule(rng, batch_invariant):
+    seq_lens = np.array([2500, 5, 0, 129], dtype=np.int32)
+    block_table, num_blocks = paged_batch(rng, seq_lens)
+    cache = rng.standard_normal((num_blocks, BLOCK, L + R)).astype(np.float32)
+    q = rng.standard_normal((4, 2, N, L + R)).astype(np.float32)
+    out = np.full((4, 2, N, L), np.nan, dtype=np.float32)
+    lse = np.full((4, 2, N), np.nan, dtype=np.float32)
+
+    schedule = mlakit.plan_mla_decode("cpu", 4, 2, N, BLOCK, block_table.shape[1] * BLOCK,
+                                      seq_lens=seq_lens, batch_invariant=batch_invariant)
+    if batch_invariant:  # pieces of at most 1024 keys, whatever the batch
+        assert schedule.max_splits == 3
+    workspace = np.empty(schedule.workspace_elems(2, N, L), dtype=np.float32)
+    mlakit.mla_decode(q, cache, block_table, seq_lens, out, lse, SCALE, schedule=schedule,
+                      workspace=workspace)
+
+    ref, ref_lse = mqa_decode(q.astype(np.float64), cache.astype(np.float64), block_table,
+                              seq_lens, L, SCALE)
+    check_close(out, lse, ref, ref_lse, np.float32)
+
+
+def test_plan_mla_decode_checks_its_arguments():
+    with pytest.raises(ValueError, match="the CPU plans from the lengths: seq_lens must have"):
+        mlakit.plan_mla_decode("cpu", 2, 1, N, BLOCK, 64)
+    with pytest.raises(ValueError, match="need batch >= 0, s_q >= 1"):
+        mlakit.plan_mla_decode("cpu", 1, 0, N, BLOCK, 64, seq_lens=[3])
+    with pytest.raises(ValueError, match="device must be 'cpu', 'cuda' or 'cuda:<index>'"):
+        mlakit.plan_mla_decode("tpu", 1, 1, N, BLOCK, 64)
+    if not mlakit.build_info()["cuda"]:
+        with pytest.raises(NotImplementedError, match="no kernel for cuda:0"):
+            mlakit.plan_mla_decode("cuda", 1, 1, N, BLOCK, 64)
+
+
 def test_decode_schedule_needs_workspace(rng):
     seq_lens = np.array([4], dtype=np.int32)
     schedule = mlakit.DecodeSchedule(seq_lens, BLOCK)

@@ -157,3 +157,41 @@ def test_bad_slot_on_the_gpu_is_reported_by_check_device_errors():
     flat = cache.reshape(-1, L + R).cpu()
     torch.testing.assert_close(flat[1], torch.cat([kv_c[0], k_pe[0]]).cpu())
     assert torch.isnan(flat[[0] + list(range(2, 2 * block))]).all()  # nothing else written
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
+def test_cuda_decode_plans_itself_or_takes_the_librarys_schedule(rng):
+    if not mlakit.build_info()["cuda"]:
+        pytest.skip("this build has no CUDA backend")
+    L, R, N, block = 512, 64, 16, 16  # the CUDA kernel's latent width
+    seq_lens = torch.tensor([700, 3, 0, 129, 2000], dtype=torch.int32)
+    width = -(-int(seq_lens.max()) // block)
+    num_blocks = len(seq_lens) * width
+    table = torch.from_numpy(rng.permutation(num_blocks).astype(np.int32)).reshape(-1, width)
+    cache = torch.from_numpy(rng.standard_normal((num_blocks, block, L + R)).astype(np.float32))
+    cache = cache.to(torch.bfloat16)
+    q = torch.from_numpy(rng.standard_normal((len(seq_lens), 1, N, L + R)).astype(np.float32))
+    q = q.to(torch.bfloat16)
+    out_cpu = torch.empty(len(seq_lens), 1, N, L)
+    lse_cpu = torch.empty(len(seq_lens), 1, N)
+    mlakit.mla_decode(q, cache, table, seq_lens, out_cpu, lse_cpu, 0.1)
+
+    gpu = [t.cuda() for t in (q, cache, table, seq_lens)]
+    out = torch.full((len(seq_lens), 1, N, L), float("nan"), device="cuda")
+    lse = torch.full((len(seq_lens), 1, N), float("nan"), device="cuda")
+    mlakit.mla_decode(*gpu, out, lse, 0.1)  # plans from the shape, workspace from torch
+    torch.cuda.synchronize()
+    # bf16 MMAs with bf16 probabilities against the CPU's f32 (decode_test_support.hpp).
+    torch.testing.assert_close(out.cpu(), out_cpu, rtol=1.6e-2, atol=1e-2)
+    torch.testing.assert_close(lse.cpu(), lse_cpu, rtol=1e-4, atol=1e-4)
+
+    for invariant in (False, True):
+        schedule = mlakit.plan_mla_decode("cuda", len(seq_lens), 1, N, block, width * block,
+                                          batch_invariant=invariant)
+        workspace = torch.empty(schedule.workspace_elems(1, N, L), device="cuda")
+        out.fill_(float("nan"))
+        mlakit.mla_decode(*gpu, out, lse, 0.1, schedule=schedule, workspace=workspace)
+        torch.cuda.synchronize()
+        torch.testing.assert_close(out.cpu(), out_cpu, rtol=1.6e-2, atol=1e-2)
+        torch.testing.assert_close(lse.cpu(), lse_cpu, rtol=1e-4, atol=1e-4)
+    mlakit.check_device_errors("cuda")

@@ -285,10 +285,14 @@ std::vector<int64_t> launch_signature(const StepPlan::State& s) {
   for (const ContextChunk& chunk : p.context_chunks)
     sig.insert(sig.end(), {chunk.total_tokens, chunk.max_seq_len});
   for (const DecodeRun& run : s.runs.runs) {
+    const DecodeSchedule& sc = run.schedule;
+    const DeviceDecodeSchedule& dev = sc.device;
     sig.insert(sig.end(), {run.first_request, run.num_requests, run.first_token, run.query_len,
-                           run.schedule.total_splits, run.schedule.max_splits});
-    sig.insert(sig.end(), run.schedule.split_offsets.begin(), run.schedule.split_offsets.end());
-    sig.insert(sig.end(), run.schedule.split_len.begin(), run.schedule.split_len.end());
+                           static_cast<int64_t>(sc.kind), sc.total_splits, sc.max_splits, dev.batch,
+                           dev.s_q, dev.num_heads, dev.max_seq_len, dev.num_parts,
+                           dev.batch_invariant});
+    sig.insert(sig.end(), sc.split_offsets.begin(), sc.split_offsets.end());
+    sig.insert(sig.end(), sc.split_len.begin(), sc.split_len.end());
   }
   for (const TensorView* t :
        {&s.block_table, &s.slot_mapping, &s.seq_lens, &s.prefill_query_start_loc,

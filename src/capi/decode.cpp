@@ -1,5 +1,5 @@
-// Absorbed MQA decode behind the C ABI: the convenience form (host tensors) and the scheduled
-// form (caller-made split-KV schedule and workspace).
+// Absorbed MQA decode behind the C ABI: the convenience form (plans and allocates itself), the
+// planners and the scheduled form (caller-made split-KV schedule and workspace).
 #include <memory>
 #include <span>
 
@@ -43,6 +43,33 @@ MLAKIT_API mlakit_status_t mlakit_mla_decode(const DLTensor* q, const DLTensor* 
                        {"lse", lse}});
     mlakit::ops::mla_decode(q_view, kv_cache_view, block_table_view, seq_lens_view, out_view,
                             lse_view, decode_params(kOp, scale, kv_cache_dtype, q_scale, k_scale));
+  });
+}
+
+MLAKIT_API mlakit_status_t mlakit_plan_mla_decode(const mlakit_decode_plan_shape_t* shape,
+                                                  const int32_t* seq_lens,
+                                                  mlakit_decode_schedule_t** schedule) {
+  constexpr const char* kOp = "plan_mla_decode";
+  return guarded(kOp, [&] {
+    require_pointer(kOp, "schedule", schedule);
+    *schedule = nullptr;
+    require_pointer(kOp, "shape", shape);
+    mlakit::ops::DecodePlanShape plan_shape;
+    plan_shape.device = mlakit::capi::to_device(kOp, "shape.device", shape->device);
+    plan_shape.batch = shape->batch;
+    plan_shape.s_q = shape->s_q;
+    plan_shape.num_heads = shape->num_heads;
+    plan_shape.block_size = shape->block_size;
+    plan_shape.max_seq_len = shape->max_seq_len;
+    plan_shape.batch_invariant = shape->batch_invariant != 0;
+    std::span<const int32_t> lens;
+    if (seq_lens != nullptr) {
+      require_count(kOp, "shape.batch", shape->batch);
+      lens = std::span<const int32_t>(seq_lens, static_cast<size_t>(shape->batch));
+    }
+    auto handle = std::make_unique<mlakit_decode_schedule>();
+    handle->schedule = mlakit::ops::plan_mla_decode(plan_shape, lens);
+    *schedule = handle.release();
   });
 }
 

@@ -2,6 +2,7 @@
 // where the index tensors are readable on the host) and dispatch by device.
 #include "cpu/decode.hpp"
 
+#include <algorithm>
 #include <cstdint>
 #include <vector>
 
@@ -11,7 +12,9 @@
 #include "mlakit/ops.hpp"
 
 #ifdef MLAKIT_WITH_CUDA
+#include "cuda/common/runtime.hpp"
 #include "cuda/decode/decode.hpp"
+#include "cuda/decode/schedule.hpp"
 #endif
 
 namespace mlakit::ops {
@@ -28,6 +31,15 @@ namespace {
 constexpr const char* kOp = "mla_decode";
 
 bool is_fp8_dtype(DType d) { return d == DType::kFp8E4m3 || d == DType::kU8; }
+
+// A decode kernel exists for tensors on `device` in this build.
+bool has_backend(Device device) {
+#ifdef MLAKIT_WITH_CUDA
+  return device.is_cpu() || device.is_cuda();
+#else
+  return device.is_cpu();
+#endif
+}
 
 int64_t read_i32(const TensorView& t, int64_t offset) {
   return static_cast<const int32_t*>(t.data)[offset];
@@ -49,7 +61,53 @@ void check_seq_lens_host(const TensorView& seq_lens, int64_t max_blocks, int64_t
   }
 }
 
-// The structure of the schedule (sizes, monotone offsets), independent of seq_lens' contents.
+// The schedule kind the tensors' backend takes: host splits for the CPU, device-planned for CUDA.
+void check_schedule_kind(const DecodeSchedule& s, Device device) {
+  if (device.is_cuda()) {
+    require(s.kind == DecodeScheduleKind::kDevicePlanned, ErrorCode::kInvalidArgument, kOp,
+            ": CUDA tensors need a device-planned schedule (plan_mla_decode with the CUDA device), "
+            "got a host-split schedule");
+  } else {
+    require(s.kind == DecodeScheduleKind::kHostSplits, ErrorCode::kInvalidArgument, kOp, ": ",
+            device_name(device),
+            " tensors need a host-split schedule (plan_mla_decode with the CPU device and the "
+            "seq_lens), got a device-planned schedule");
+  }
+}
+
+// A device-planned schedule describes this call's shape.
+void check_device_schedule_shape(const DecodeSchedule& s, int64_t batch, int64_t s_q,
+                                 int64_t heads) {
+  const DeviceDecodeSchedule& d = s.device;
+  require(d.batch == batch && d.s_q == s_q && d.num_heads == heads, ErrorCode::kInvalidArgument,
+          kOp, ": the schedule was planned for batch ", d.batch, ", s_q ", d.s_q, ", num_heads ",
+          d.num_heads, " but q has batch ", batch, ", s_q ", s_q, ", num_heads ", heads,
+          " (plan with plan_mla_decode for this shape)");
+}
+
+// f32 elements of split workspace `schedule` needs; `op` names the caller in messages.
+int64_t workspace_elems(const DecodeSchedule& schedule, int64_t s_q, int64_t num_heads,
+                        int64_t kv_lora_rank, const char* op) {
+  if (schedule.kind == DecodeScheduleKind::kDevicePlanned) {
+#ifdef MLAKIT_WITH_CUDA
+    return cuda::device_plan_sizes(schedule, s_q * num_heads, kv_lora_rank, op).layout.total;
+#else
+    detail::fail(ErrorCode::kUnsupported,
+                 detail::str_cat(op,
+                                 ": device-planned schedules belong to the CUDA backend, which "
+                                 "this build lacks"));
+#endif
+  }
+  require(s_q >= 0 && num_heads >= 0 && kv_lora_rank >= 0 && schedule.total_splits >= 0,
+          ErrorCode::kInvalidArgument, op, ": sizes must be >= 0, got total_splits ",
+          schedule.total_splits, ", s_q ", s_q, ", num_heads ", num_heads, ", kv_lora_rank ",
+          kv_lora_rank);
+  // One partial output row plus its LSE per (split, query, head); indexed by the global split.
+  return schedule.total_splits * s_q * num_heads * (kv_lora_rank + 1);
+}
+
+// The structure of a host-split schedule (sizes, monotone offsets), independent of seq_lens'
+// contents.
 void check_schedule_shape(const DecodeSchedule& s, int64_t batch) {
   require(static_cast<int64_t>(s.split_offsets.size()) == batch + 1 &&
               static_cast<int64_t>(s.split_len.size()) == batch,
@@ -114,7 +172,7 @@ DType ds_mla_rope_dtype(const TensorView& q, const TensorView& out) {
 }
 
 // Everything that does not need the contents of device tensors; returns the kernel's arguments.
-DecodeProblem validate(const TensorView& q, const TensorView& kv_cache,
+DecodeProblem validate(Device device, const TensorView& q, const TensorView& kv_cache,
                        const TensorView& block_table, const TensorView& seq_lens,
                        const TensorView& out, const TensorView& lse, const DecodeParams& params,
                        const DecodeSchedule& schedule, const TensorView& workspace) {
@@ -167,14 +225,18 @@ DecodeProblem validate(const TensorView& q, const TensorView& kv_cache,
   detail::check_positive_finite(kOp, "q_scale", params.q_scale);
   detail::check_positive_finite(kOp, "k_scale", params.k_scale);
 
-  check_schedule_shape(schedule, batch);
+  check_schedule_kind(schedule, device);
+  if (schedule.kind == DecodeScheduleKind::kHostSplits) {
+    check_schedule_shape(schedule, batch);
+  } else {
+    check_device_schedule_shape(schedule, batch, s_q, heads);
+  }
   check_dtype(kOp, "split_workspace", workspace, {DType::kF32});
   detail::check_contiguous(kOp, "split_workspace", workspace);
-  const int64_t needed = mla_decode_workspace_elems(schedule, s_q, heads, rank);
+  const int64_t needed = workspace_elems(schedule, s_q, heads, rank, kOp);
   require(workspace.numel() >= needed, ErrorCode::kInvalidArgument, kOp,
           ": split_workspace must hold at least ", needed,
-          " f32 elements (total_splits x s_q x num_heads x (kv_lora_rank + 1)), got ",
-          workspace.numel());
+          " f32 elements (mla_decode_workspace_elems of the schedule), got ", workspace.numel());
 
   DecodeProblem p;
   p.q = q;
@@ -208,13 +270,7 @@ void validate_indices_host(const DecodeProblem& p, const DecodeSchedule& schedul
 
 int64_t mla_decode_workspace_elems(const DecodeSchedule& schedule, int64_t s_q, int64_t num_heads,
                                    int64_t kv_lora_rank) {
-  require(s_q >= 0 && num_heads >= 0 && kv_lora_rank >= 0 && schedule.total_splits >= 0,
-          ErrorCode::kInvalidArgument,
-          "mla_decode_workspace_elems: sizes must be >= 0, got total_splits ",
-          schedule.total_splits, ", s_q ", s_q, ", num_heads ", num_heads, ", kv_lora_rank ",
-          kv_lora_rank);
-  // One partial output row plus its LSE per (split, query, head); indexed by the global split.
-  return schedule.total_splits * s_q * num_heads * (kv_lora_rank + 1);
+  return workspace_elems(schedule, s_q, num_heads, kv_lora_rank, "mla_decode_workspace_elems");
 }
 
 void mla_decode(const TensorView& q, const TensorView& kv_cache, const TensorView& block_table,
@@ -228,8 +284,9 @@ void mla_decode(const TensorView& q, const TensorView& kv_cache, const TensorVie
                                                     {"out", &out},
                                                     {"lse_tokens_heads", &lse_tokens_heads},
                                                     {"split_workspace", &split_workspace}});
-  const DecodeProblem problem = validate(q, kv_cache, block_table, seq_lens, out, lse_tokens_heads,
-                                         params, schedule, split_workspace);
+  if (!has_backend(device)) detail::unsupported_device(kOp, device);
+  const DecodeProblem problem = validate(device, q, kv_cache, block_table, seq_lens, out,
+                                         lse_tokens_heads, params, schedule, split_workspace);
 #ifdef MLAKIT_WITH_CUDA
   // Index contents stay on the device (no host sync): the kernel guards them itself.
   if (device.is_cuda()) {
@@ -239,7 +296,6 @@ void mla_decode(const TensorView& q, const TensorView& kv_cache, const TensorVie
 #else
   (void)stream;
 #endif
-  if (!device.is_cpu()) detail::unsupported_device(kOp, device);
   validate_indices_host(problem, schedule);
   cpu::mla_decode(problem, schedule);
 }
@@ -247,19 +303,13 @@ void mla_decode(const TensorView& q, const TensorView& kv_cache, const TensorVie
 void mla_decode(const TensorView& q, const TensorView& kv_cache, const TensorView& block_table,
                 const TensorView& seq_lens, const TensorView& out,
                 const TensorView& lse_tokens_heads, const DecodeParams& params) {
-  // Planning reads seq_lens on the host: this form serves host tensors only.
   const Device device = detail::common_device(kOp, {{"q", &q},
                                                     {"kv_cache", &kv_cache},
                                                     {"block_table", &block_table},
                                                     {"seq_lens", &seq_lens},
                                                     {"out", &out},
                                                     {"lse_tokens_heads", &lse_tokens_heads}});
-#ifdef MLAKIT_WITH_CUDA
-  require(!device.is_cuda(), ErrorCode::kUnsupported, kOp,
-          ": this overload plans on the host and allocates its workspace; for CUDA tensors pass a "
-          "schedule from plan_decode_splits_cuda and a split_workspace");
-#endif
-  if (!device.is_cpu()) detail::unsupported_device(kOp, device);
+  if (!has_backend(device)) detail::unsupported_device(kOp, device);
   check_storage(kOp, "seq_lens", seq_lens);
   check_ndim(kOp, "seq_lens", seq_lens, 1);
   check_dtype(kOp, "seq_lens", seq_lens, {DType::kI32});
@@ -270,17 +320,34 @@ void mla_decode(const TensorView& q, const TensorView& kv_cache, const TensorVie
   const int64_t block_size = kv_cache.size(1);
   require(block_size > 0, ErrorCode::kInvalidArgument, kOp,
           ": kv_cache block_size (shape[1]) must be > 0");
-  check_seq_lens_host(seq_lens, block_table.size(1), block_size);
-
-  std::vector<int32_t> lens(seq_lens.size(0));
-  for (int64_t b = 0; b < seq_lens.size(0); ++b) {
-    lens[b] = static_cast<int32_t>(read_i32(seq_lens, b * seq_lens.strides[0]));
+  DecodeSchedule schedule;
+  if (device.is_cpu()) {  // the CPU plans from the lengths
+    check_seq_lens_host(seq_lens, block_table.size(1), block_size);
+    std::vector<int32_t> lens(seq_lens.size(0));
+    for (int64_t b = 0; b < seq_lens.size(0); ++b) {
+      lens[b] = static_cast<int32_t>(read_i32(seq_lens, b * seq_lens.strides[0]));
+    }
+    schedule = plan_decode_splits(lens, block_size, cpu::num_threads());
+  } else {  // the GPU from the shape only (the lengths stay on the device)
+    const DecodePlanShape shape{device,
+                                q.size(0),
+                                q.size(1),
+                                q.size(2),
+                                block_size,
+                                block_table.size(1) * block_size,
+                                /*batch_invariant=*/false};
+    schedule = plan_mla_decode(shape, {});
   }
-  const DecodeSchedule schedule = plan_decode_splits(lens, block_size, cpu::num_threads());
-  const Tensor workspace = Tensor::empty(
-      {mla_decode_workspace_elems(schedule, q.size(1), q.size(2), out.size(3))}, DType::kF32);
+  const int64_t elems = mla_decode_workspace_elems(schedule, q.size(1), q.size(2), out.size(3));
+  const Tensor workspace = Tensor::empty({std::max<int64_t>(1, elems)}, DType::kF32, device);
   mla_decode(q, kv_cache, block_table, seq_lens, out, lse_tokens_heads, params, schedule,
              workspace);
+#ifdef MLAKIT_WITH_CUDA
+  if (device.is_cuda()) {  // the workspace is freed on return: wait for the kernels that use it
+    const cuda::DeviceGuard guard(device, kOp);
+    cuda::check_cuda(cudaStreamSynchronize(nullptr), kOp, "cudaStreamSynchronize");
+  }
+#endif
 }
 
 }  // namespace mlakit::ops

@@ -40,10 +40,8 @@ DecodeSchedule plan_mla_decode(const DecodePlanShape& shape, std::span<const int
   }
 #ifdef MLAKIT_WITH_CUDA
   if (shape.device.is_cuda()) {
-    require(!shape.batch_invariant, ErrorCode::kUnsupported, kOp,
-            ": batch-invariant decode schedules are not implemented for CUDA yet");
     return cuda::plan_decode_splits_cuda(shape.batch, shape.s_q, shape.num_heads, shape.max_seq_len,
-                                         shape.device);
+                                         shape.batch_invariant, shape.device);
   }
 #endif
   detail::unsupported_device(kOp, shape.device);

@@ -348,6 +348,33 @@ static void test_step(void) {
   mlakit_attention_destroy(layers[1]);
 }
 
+/* The library's decode schedules: a batch-invariant CPU one for {2500, 10} with block 16 cuts
+ * request 0 into ceil(2500 / 1024) = 3 pieces and leaves request 1 whole, 4 splits in all; the
+ * workspace holds one 512 + 1 row per split and head. A CUDA schedule needs no seq_lens. */
+static void test_decode_planning(void) {
+  const int32_t seq_lens[2] = {2500, 10};
+  mlakit_decode_plan_shape_t shape = {{kDLCPU, 0}, 2, 1, 4, 16, 4096, 1};
+  mlakit_decode_schedule_t* schedule = NULL;
+  CHECK_STATUS(mlakit_plan_mla_decode(&shape, seq_lens, &schedule), MLAKIT_OK, NULL);
+  int64_t total = 0, most = 0, elems = 0;
+  CHECK_STATUS(mlakit_decode_schedule_info(schedule, &total, &most), MLAKIT_OK, NULL);
+  CHECK(total == 4 && most == 3);
+  CHECK_STATUS(mlakit_decode_workspace_elems(schedule, 1, 4, 512, &elems), MLAKIT_OK, NULL);
+  CHECK(elems == 4 * 4 * 513);
+  mlakit_decode_schedule_destroy(schedule);
+  schedule = NULL;
+  CHECK_STATUS(mlakit_plan_mla_decode(&shape, NULL, &schedule), MLAKIT_ERROR_INVALID_ARGUMENT,
+               "seq_lens must have batch (2) entries, got 0");
+  CHECK(schedule == NULL);
+  CHECK_STATUS(mlakit_plan_mla_decode(NULL, seq_lens, &schedule), MLAKIT_ERROR_INVALID_ARGUMENT,
+               "shape must not be NULL");
+  if (strstr(mlakit_build_info(), "\"cuda\": false") != NULL) {
+    shape.device.device_type = kDLCUDA;
+    CHECK_STATUS(mlakit_plan_mla_decode(&shape, NULL, &schedule), MLAKIT_ERROR_UNSUPPORTED,
+                 "plan_mla_decode: no kernel for cuda:0");
+  }
+}
+
 static void test_device_errors(void) {
   /* Host devices have nothing recorded: CPU ops throw at the bad index itself. */
   CHECK_STATUS(mlakit_check_device_errors(kDLCPU, 0, NULL), MLAKIT_OK, NULL);
@@ -362,6 +389,7 @@ int main(void) {
   test_version();
   test_errors();
   test_planner();
+  test_decode_planning();
   test_merge();
   test_fp8_quant();
   test_device_errors();

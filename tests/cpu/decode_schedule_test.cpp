@@ -110,6 +110,33 @@ TEST(PlanDecodeSplits, RandomBatchesAreCoveredAndBounded) {
   }
 }
 
+// Batch-invariant schedules: a request's split length and count depend on its own length only
+// (1024 keys rounded up to whole blocks, re-divided evenly), whatever the batch and the workers.
+TEST(PlanDecodeSplits, BatchInvariantSplitsDependOnTheRequestOnly) {
+  auto rng = test::make_rng(2);
+  std::uniform_int_distribution<int> batch_dist(1, 128), len_dist(0, 20000), workers_dist(1, 64);
+  for (int64_t bs : {1, 16, 64, 100}) {
+    for (int iter = 0; iter < 50; ++iter) {
+      const int32_t mine = len_dist(rng);
+      const DecodeSchedule alone =
+          plan_decode_splits(std::vector<int32_t>{mine}, bs, workers_dist(rng), true);
+      std::vector<int32_t> lens(batch_dist(rng));
+      for (int32_t& len : lens) len = len_dist(rng);
+      const size_t at = rng() % (lens.size() + 1);
+      lens.insert(lens.begin() + static_cast<std::ptrdiff_t>(at), mine);
+      const DecodeSchedule inside = plan_decode_splits(lens, bs, workers_dist(rng), true);
+      SCOPED_TRACE(testing::Message() << "bs " << bs << " seq_len " << mine);
+      expect_valid(inside, lens, bs);
+      EXPECT_EQ(inside.num_splits(static_cast<int64_t>(at)), alone.num_splits(0));
+      if (mine > 0) {
+        EXPECT_EQ(inside.split_len[at], alone.split_len[0]);
+        // Pieces of at most 1024 keys rounded up to a block.
+        EXPECT_LE(alone.split_len[0], (1024 + bs - 1) / bs * bs);
+      }
+    }
+  }
+}
+
 TEST(PlanDecodeSplits, RejectsBadInput) {
   const std::vector<int32_t> lens = {10, 20};
   MLAKIT_EXPECT_THROW_MSG(plan_decode_splits(lens, 0, 2),

@@ -99,10 +99,30 @@ std::vector<double> write_entry(const Case& c, uint8_t* entry, const std::vector
   return seen;
 }
 
-Inputs make_inputs(const Case& c, std::mt19937_64& rng) {
+// One request's own values, fixed while the batch around it changes (batch invariance).
+struct RequestValues {
+  int32_t seq_len = 0;
+  std::vector<float> q;     // [s_q, N, D], before rounding to q's dtype
+  std::vector<float> keys;  // [seq_len, D], before quantization into the cache
+};
+
+RequestValues random_request(const Case& c, int32_t seq_len, std::mt19937_64& rng) {
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  RequestValues r;
+  r.seq_len = seq_len;
+  r.keys.resize(static_cast<size_t>(seq_len * c.dim()));
+  for (float& v : r.keys) v = normal(rng);
+  r.q.resize(static_cast<size_t>(c.s_q * c.heads * c.dim()));
+  for (float& v : r.q) v = normal(rng);
+  return r;
+}
+
+// The inputs of a batch of `requests` (c.seq_lens must be their lengths); rng draws the shuffle of
+// the blocks only.
+Inputs batch_inputs(const Case& c, const std::vector<RequestValues>& requests,
+                    std::mt19937_64& rng) {
   Inputs in;
   const int64_t batch = c.batch(), d = c.dim(), bs = c.block_size;
-  std::normal_distribution<float> normal(0.0f, 1.0f);
 
   // Paged cache: blocks of all requests shuffled over a pool with spare (never written) blocks.
   int64_t width = 1, used_blocks = 0;
@@ -125,8 +145,8 @@ Inputs make_inputs(const Case& c, std::mt19937_64& rng) {
     for (int64_t col = 0; col < (len + bs - 1) / bs; ++col) table[b * width + col] = ids[next++];
     in.keys_seen[b].resize(len * d);
     for (int64_t s = 0; s < len; ++s) {
-      std::vector<float> x(d);
-      for (float& v : x) v = normal(rng);
+      const std::vector<float> x(requests[b].keys.begin() + s * d,
+                                 requests[b].keys.begin() + (s + 1) * d);
       const int64_t slot = table[b * width + s / bs] * bs + s % bs;
       uint8_t* entry =
           static_cast<uint8_t*>(in.cache.view().data) + slot * width_elems * dtype_size(storage);
@@ -140,14 +160,15 @@ Inputs make_inputs(const Case& c, std::mt19937_64& rng) {
 
   // Queries: fp8 q is quantized as scaled_fp8_quant would (x * (1 / q_scale)).
   const int64_t pad = c.strided ? 8 : 0;  // extra elements per row of the strided views
+  const int64_t rows = c.s_q * c.heads;
   in.q_storage = test::nan_tensor({batch, c.s_q, c.heads, d + pad}, c.q_dtype);
   in.q = in.q_storage.view().narrow(3, 0, d);
-  in.q_seen.resize(batch * c.s_q * c.heads * d);
+  in.q_seen.resize(batch * rows * d);
   const bool fp8_q = c.q_dtype == DType::kFp8E4m3 || c.q_dtype == DType::kU8;
-  for (int64_t row = 0; row < batch * c.s_q * c.heads; ++row) {
+  for (int64_t row = 0; row < batch * rows; ++row) {
     for (int64_t i = 0; i < d; ++i) {
       const int64_t at = row * (d + pad) + i;
-      const float x = normal(rng);
+      const float x = requests[row / rows].q[(row % rows) * d + i];
       if (fp8_q) {
         const uint8_t byte = float_to_e4m3_bits(x * (1.0f / c.q_scale));
         static_cast<uint8_t*>(in.q_storage.view().data)[at] = byte;
@@ -159,6 +180,12 @@ Inputs make_inputs(const Case& c, std::mt19937_64& rng) {
     }
   }
   return in;
+}
+
+Inputs make_inputs(const Case& c, std::mt19937_64& rng) {
+  std::vector<RequestValues> requests;
+  for (int32_t len : c.seq_lens) requests.push_back(random_request(c, len, rng));
+  return batch_inputs(c, requests, rng);
 }
 
 struct Expected {
@@ -474,6 +501,70 @@ TEST(MlaDecode, ConvenienceOverloadPlansItself) {
   Outputs o = make_outputs(c);
   ops::mla_decode(in.q, in.cache, in.block_table, in.seq_lens, o.out, o.lse, c.params());
   expect_close(c, o, reference(c, in));
+}
+
+// Batch-invariant schedules (plan_mla_decode with batch_invariant): request r's out and lse bits
+// alone and inside 20 random batches of 1..128 companions (random lengths, values, positions).
+// The pieces of r depend on its own length only, each piece is computed alone, and the combine
+// merges r's pieces in order.
+void check_batch_invariance(Case c, int32_t r_len, uint64_t stream) {
+  auto rng = test::make_rng(stream);
+  const RequestValues r = random_request(c, r_len, rng);
+  const RequestValues pool = random_request(c, 4096, rng);  // the companions' values
+  auto run = [&](const std::vector<RequestValues>& batch, size_t at, bool oracle) {
+    Case bc = c;
+    bc.seq_lens.clear();
+    for (const RequestValues& v : batch) bc.seq_lens.push_back(v.seq_len);
+    const Inputs in = batch_inputs(bc, batch, rng);
+    const int64_t max_len = in.block_table.size(1) * bc.block_size;
+    const DecodeSchedule s = ops::plan_mla_decode(
+        {Device::cpu(), bc.batch(), bc.s_q, bc.heads, bc.block_size, max_len, true}, bc.seq_lens);
+    const Outputs o = run_decode(bc, in, s);
+    if (oracle) expect_close(bc, o, reference(bc, in));
+    return std::pair{test::to_doubles(o.out.narrow(0, static_cast<int64_t>(at), 1)),
+                     test::to_doubles(o.lse.narrow(0, static_cast<int64_t>(at), 1))};
+  };
+  const auto [alone_out, alone_lse] = run({r}, 0, true);
+  std::uniform_int_distribution<int> companions(1, 128);
+  std::uniform_int_distribution<int32_t> other_len(0, 300);
+  std::uniform_int_distribution<int64_t> offset(0, 4096 - 300);
+  for (int trial = 0; trial < 20; ++trial) {
+    std::vector<RequestValues> batch;
+    const int n = companions(rng);
+    for (int i = 0; i < n; ++i) {
+      RequestValues v;
+      v.seq_len = other_len(rng);
+      const int64_t at = offset(rng) * c.dim();
+      v.keys.assign(pool.keys.begin() + at, pool.keys.begin() + at + v.seq_len * c.dim());
+      v.q.assign(pool.keys.begin() + at, pool.keys.begin() + at + static_cast<int64_t>(r.q.size()));
+      batch.push_back(std::move(v));
+    }
+    const size_t at = std::uniform_int_distribution<size_t>(0, batch.size())(rng);
+    batch.insert(batch.begin() + static_cast<std::ptrdiff_t>(at), r);
+    SCOPED_TRACE(testing::Message()
+                 << "trial " << trial << ": r at " << at << " of " << batch.size());
+    const auto [out, lse] = run(batch, at, false);
+    ASSERT_EQ(out.size(), alone_out.size());
+    for (size_t i = 0; i < out.size(); ++i) {
+      ASSERT_EQ(std::memcmp(&out[i], &alone_out[i], sizeof(double)), 0)
+          << "out element " << i << ": " << out[i] << " vs " << alone_out[i] << " alone";
+    }
+    for (size_t i = 0; i < lse.size(); ++i) {
+      ASSERT_EQ(std::memcmp(&lse[i], &alone_lse[i], sizeof(double)), 0)
+          << "lse " << i << ": " << lse[i] << " vs " << alone_lse[i] << " alone";
+    }
+  }
+}
+
+TEST(MlaDecode, BatchInvariantRequestIsBitwiseTheSameInAnyBatch) {
+  Case c;  // three pieces of 1024 keys (block 16)
+  check_batch_invariance(c, 2500, 1250);
+  Case spec = c;  // s_q 2, bf16 out, fp8 cache
+  spec.s_q = 2;
+  spec.out_dtype = DType::kBF16;
+  spec.kv_dtype = KvCacheDType::kFp8E4m3;
+  spec.k_scale = 2.0f;
+  check_batch_invariance(spec, 1500, 1251);
 }
 
 // ---- errors -----------------------------------------------------------------------------------

@@ -99,17 +99,21 @@ Results results_of(const Case& c, Tensor out_storage, Tensor lse_storage) {
   return r;
 }
 
-DecodeSchedule schedule_for(const Case& c, const TensorView& block_table, int64_t splits) {
+// `parts` parts per row tile (0: the library's plan, one CTA per SM).
+DecodeSchedule schedule_for(const Case& c, const TensorView& block_table, int64_t parts,
+                            bool invariant) {
   const int64_t max_len = block_table.size(1) * c.block_size;
-  return splits > 0
-             ? cuda::uniform_decode_schedule(c.batch(), splits, max_len)
-             : cuda::plan_decode_splits_cuda(c.batch(), c.s_q, c.heads, max_len, Device::cuda(0));
+  return parts > 0
+             ? cuda::device_decode_schedule(c.batch(), c.s_q, c.heads, max_len, parts, invariant)
+             : ops::plan_mla_decode(
+                   {Device::cuda(0), c.batch(), c.s_q, c.heads, c.block_size, max_len, invariant},
+                   {});
 }
 
-// Runs the CUDA op with `splits` uniform splits (0: plan_decode_splits_cuda) into NaN-filled
-// outputs and NaN-filled workspace, on a non-default stream.
-Results run_gpu(const Case& c, const DeviceInputs& d, int64_t splits) {
-  const DecodeSchedule s = schedule_for(c, d.block_table.view(), splits);
+// Runs the CUDA op with `parts` parts (0: planned) into NaN-filled outputs and NaN-filled
+// workspace, on a non-default stream.
+Results run_gpu(const Case& c, const DeviceInputs& d, int64_t parts, bool invariant = false) {
+  const DecodeSchedule s = schedule_for(c, d.block_table.view(), parts, invariant);
   const Tensor out = device_nan({c.batch(), c.s_q, c.heads, kRank + c.out_pad}, c.out_dtype);
   const Tensor lse = device_nan({c.batch(), c.s_q, c.heads + c.out_pad}, DType::kF32);
   const Tensor ws =
@@ -186,18 +190,22 @@ void expect_matches(const Case& c, const Results& gpu, const References& ref) {
   expect_pads_untouched(c, gpu);
 }
 
-// Planned splits and forced ones: 1 (no combine), 3, and 20 (more than a 1000-key request has
-// tiles, so some splits are empty).
-void check_case(const Case& c, uint64_t stream, std::vector<int64_t> splits = {0, 1, 3, 20}) {
+// The planned parts (balanced and batch-invariant) and forced ones: 1 (no request is split, no
+// combine), 3, and 20 (parts cut inside requests; with few keys some parts stay empty).
+void check_case(const Case& c, uint64_t stream, std::vector<int64_t> parts = {0, 1, 3, 20}) {
   SCOPED_TRACE(c.name());
   auto rng = test::make_rng(stream);
   const HostInputs in = make_inputs(c, rng);
   const References ref = references(c, in);
   const DeviceInputs d = upload(in);
-  for (int64_t s : splits) {
-    SCOPED_TRACE(testing::Message() << "splits " << (s == 0 ? "planned" : std::to_string(s)));
-    expect_matches(c, run_gpu(c, d, s), ref);
-    EXPECT_NO_THROW(ops::check_device_errors(Device::cuda(0))) << "good indices were reported";
+  for (int64_t p : parts) {
+    for (bool invariant : {false, true}) {
+      if (invariant && p != 0) continue;  // one batch-invariant run per case
+      SCOPED_TRACE(testing::Message() << "parts " << (p == 0 ? "planned" : std::to_string(p))
+                                      << (invariant ? " batch-invariant" : ""));
+      expect_matches(c, run_gpu(c, d, p, invariant), ref);
+      EXPECT_NO_THROW(ops::check_device_errors(Device::cuda(0))) << "good indices were reported";
+    }
   }
 }
 
@@ -358,8 +366,8 @@ TEST(MlaDecodeCuda, EmptyRequestsNeverTouchTheTable) {
   auto rng = test::make_rng(600);
   const HostInputs in = make_inputs(c, rng);  // block-table rows are all -1
   const DeviceInputs d = upload(in);
-  for (int64_t s : {1, 4}) {
-    const Results r = run_gpu(c, d, s);
+  for (int64_t p : {1, 4}) {
+    const Results r = run_gpu(c, d, p);
     for (double v : test::to_doubles(r.out)) ASSERT_EQ(v, 0.0);
     for (double v : test::to_doubles(r.lse)) ASSERT_EQ(v, -std::numeric_limits<double>::infinity());
   }
@@ -379,9 +387,9 @@ void check_bad_indices(int64_t s_q, uint64_t stream) {
   in.seq_lens.data<int32_t>()[2] = static_cast<int32_t>(width * c.block_size + 1);
   const DeviceInputs d = upload(in);
   const int64_t row = c.s_q * c.heads;
-  for (int64_t s : {1, 3}) {
-    SCOPED_TRACE(testing::Message() << "splits " << s);
-    const Results r = run_gpu(c, d, s);
+  for (auto [p, invariant] : {std::pair<int64_t, bool>{1, false}, {3, false}, {0, true}}) {
+    SCOPED_TRACE(testing::Message() << "parts " << p << (invariant ? " batch-invariant" : ""));
+    const Results r = run_gpu(c, d, p, invariant);
     MLAKIT_EXPECT_THROW_MSG(ops::check_device_errors(Device::cuda(0)),
                             "mla_decode: a seq_lens value was outside");
     EXPECT_NO_THROW(ops::check_device_errors(Device::cuda(0))) << "the word was not cleared";
@@ -407,19 +415,19 @@ TEST(MlaDecodeCuda, BadDeviceIndicesGiveNanRows) {
 }
 
 // One captured graph, replayed after the device seq_lens and block table change: the schedule
-// depends on shapes only, so every replay must match a fresh reference and an eager run bit for
-// bit.
-TEST(MlaDecodeCuda, GraphReplayFollowsNewLengthsAndTables) {
-  MLAKIT_SKIP_WITHOUT_GPU();
+// depends on shapes only and the plan kernel recomputes the work plan on every replay, so every
+// replay must match a fresh reference and an eager run bit for bit.
+void check_graph_replay(int64_t heads, int64_t s_q, bool invariant, uint64_t seed) {
   Case c;
-  c.s_q = 2;
-  c.heads = 16;
+  c.s_q = s_q;
+  c.heads = heads;
   c.block_size = 16;
   c.out_dtype = DType::kBF16;
-  const int64_t batch = 5, width = 64, max_len = width * c.block_size;  // up to 1024 keys
+  const int64_t batch = 5, width = 160, max_len = width * c.block_size;  // up to 2560 keys
   const int64_t num_blocks = batch * width + 4;
   c.seq_lens.assign(batch, 0);
-  auto rng = test::make_rng(800);
+  SCOPED_TRACE(c.name() + (invariant ? " batch-invariant" : " balanced"));
+  auto rng = test::make_rng(seed);
   std::normal_distribution<float> normal(0.0f, 1.0f);
 
   // A pool of random entries (bf16, exact in E); q fixed over the rounds.
@@ -435,9 +443,9 @@ TEST(MlaDecodeCuda, GraphReplayFollowsNewLengthsAndTables) {
   const Tensor d_cache = to_device(cache), d_q = to_device(q);
   const Tensor d_table = Tensor::empty({batch, width}, DType::kI32, Device::cuda(0));
   const Tensor d_lens = Tensor::empty({batch}, DType::kI32, Device::cuda(0));
-  const DecodeSchedule s =
-      cuda::plan_decode_splits_cuda(batch, c.s_q, c.heads, max_len, Device::cuda(0));
-  ASSERT_GT(s.max_splits, 1) << "5 requests of up to 1024 keys must be split to fill the GPU";
+  const DecodeSchedule s = ops::plan_mla_decode(
+      {Device::cuda(0), batch, c.s_q, c.heads, c.block_size, max_len, invariant}, {});
+  ASSERT_GT(s.max_splits, 1) << "requests of up to 2560 keys can be split";
   const Tensor ws =
       device_nan({ops::mla_decode_workspace_elems(s, c.s_q, c.heads, kRank)}, DType::kF32);
   const Tensor out = device_nan({batch, c.s_q, c.heads, kRank}, c.out_dtype);
@@ -456,7 +464,8 @@ TEST(MlaDecodeCuda, GraphReplayFollowsNewLengthsAndTables) {
   cuda_ok(cudaGraphInstantiate(&exec, graph, 0), "instantiate");
 
   const std::vector<std::vector<int32_t>> rounds = {
-      {1024, 0, 1, 300, 64}, {5, 1000, 0, 0, 777}, {0, 0, 0, 0, 0}, {1024, 1024, 1, 2, 1023}};
+      {2560, 0, 1, 300, 64},    {5, 2000, 0, 0, 2559}, {0, 0, 0, 0, 0},
+      {1024, 1025, 1, 2, 1023}, {1, 1, 2560, 1, 1},    {700, 700, 700, 700, 700}};
   for (const std::vector<int32_t>& lens : rounds) {
     SCOPED_TRACE(testing::PrintToString(lens));
     c.seq_lens = lens;
@@ -490,10 +499,156 @@ TEST(MlaDecodeCuda, GraphReplayFollowsNewLengthsAndTables) {
     cuda_ok(cudaStreamSynchronize(stream), "eager sync");
     EXPECT_TRUE(test::all_close(to_host(out).view(), test::to_doubles(replay_out.view()), {0, 0}));
     EXPECT_TRUE(test::all_close(to_host(lse).view(), test::to_doubles(replay_lse.view()), {0, 0}));
+    EXPECT_NO_THROW(ops::check_device_errors(Device::cuda(0), Stream{stream}));
   }
   cudaGraphExecDestroy(exec);
   cudaGraphDestroy(graph);
   cudaStreamDestroy(stream);
+}
+
+TEST(MlaDecodeCuda, GraphReplayFollowsNewLengthsAndTables) {
+  MLAKIT_SKIP_WITHOUT_GPU();
+  check_graph_replay(16, 2, false, 800);   // 32 rows: the wgmma kernel, 132 parts
+  check_graph_replay(16, 1, false, 801);   // 16 rows: the mma.sync kernel
+  check_graph_replay(128, 1, false, 802);  // two 64-row tiles, 66 parts
+  check_graph_replay(16, 1, true, 803);    // batch-invariant pieces of 16 tiles
+  check_graph_replay(128, 1, true, 804);
+}
+
+// ---- varied lengths ----------------------------------------------------------------------------
+
+// Batches of varied lengths under the planned schedule (one CTA per SM, cut across requests) and
+// forced part counts: uniform lengths, lengths at tile edges, one long request among short ones.
+TEST(MlaDecodeCuda, VariedLengthBatches) {
+  MLAKIT_SKIP_WITHOUT_GPU();
+  uint64_t stream = 1000;
+  auto rng = test::make_rng(999);
+  for (auto [heads, s_q] : {std::pair<int64_t, int64_t>{16, 1}, {16, 4}, {128, 1}, {64, 2}}) {
+    Case c;
+    c.heads = heads;
+    c.s_q = s_q;
+    c.out_dtype = DType::kBF16;
+    // Fewer keys for more rows: the fp64 oracle's time grows with both.
+    std::uniform_int_distribution<int32_t> len(0, heads * s_q >= 64 ? 1500 : 3000);
+    for (int b = 0; b < 40; ++b) c.seq_lens.push_back(len(rng));
+    check_case(c, stream++, {0, 7, 61});
+    Case edges = c;
+    edges.seq_lens = {0, 1, 63, 64, 65, 127, 128, 129, 1023, 1024, 1025, 2, 0, 191, 193};
+    check_case(edges, stream++, {0, 5});
+    Case one_long = c;
+    one_long.seq_lens.assign(30, 3);
+    one_long.seq_lens[7] = 4000;
+    one_long.seq_lens[20] = 0;
+    check_case(one_long, stream++, {0, 9});
+  }
+  for (KvCacheDType format : {KvCacheDType::kFp8E4m3, KvCacheDType::kFp8DsMla}) {
+    for (int64_t heads : {16, 128}) {
+      Case c;
+      c.kv_dtype = format;
+      c.heads = heads;
+      c.k_scale = 2.0f;
+      c.out_dtype = DType::kBF16;
+      std::uniform_int_distribution<int32_t> len(0, 1200);
+      for (int b = 0; b < 24; ++b) c.seq_lens.push_back(len(rng));
+      check_case(c, stream++, {0, 5});
+    }
+  }
+}
+
+// ---- batch invariance --------------------------------------------------------------------------
+
+// Request r's out and lse bits alone and inside 20 random batches of 1..128 companions (random
+// lengths, positions and values) under the batch-invariant plan of each batch.
+void check_batch_invariance(Case c, int32_t r_len, uint64_t stream) {
+  SCOPED_TRACE(c.name());
+  auto rng = test::make_rng(stream);
+  const RequestValues r = random_request(c, r_len, rng);
+  // Companions take their values from one random pool (cheap; they only have to differ).
+  const RequestValues pool = random_request(c, 4096, rng);
+  std::uniform_int_distribution<int32_t> other_len(0, 1000);
+  std::uniform_int_distribution<int64_t> offset(0, 4096 - 1000);
+  auto companion = [&] {
+    RequestValues v;
+    v.seq_len = other_len(rng);
+    const int64_t at = offset(rng);
+    v.keys.assign(pool.keys.begin() + at * kDim, pool.keys.begin() + (at + v.seq_len) * kDim);
+    v.q.assign(pool.keys.begin() + at * kDim, pool.keys.begin() + at * kDim + r.q.size());
+    return v;
+  };
+
+  auto run = [&](const std::vector<RequestValues>& batch, size_t at, bool oracle) {
+    Case bc = c;
+    bc.seq_lens.clear();
+    for (const RequestValues& v : batch) bc.seq_lens.push_back(v.seq_len);
+    const HostInputs in = batch_inputs(bc, batch, rng, oracle);
+    const DeviceInputs d = upload(in);
+    const Results res = run_gpu(bc, d, 0, /*invariant=*/true);
+    EXPECT_NO_THROW(ops::check_device_errors(Device::cuda(0)));
+    if (oracle) {
+      const Expected want = reference(bc, in.q_kernel, in.k_kernel);
+      EXPECT_TRUE(test::all_close(res.out, want.out, out_tolerance(bc))) << "r alone vs oracle";
+      EXPECT_TRUE(test::all_close(res.lse, want.lse, kLseTolerance)) << "r alone vs oracle";
+    }
+    return std::pair{test::to_doubles(res.out.narrow(0, static_cast<int64_t>(at), 1)),
+                     test::to_doubles(res.lse.narrow(0, static_cast<int64_t>(at), 1))};
+  };
+  const auto [alone_out, alone_lse] = run({r}, 0, true);
+  std::uniform_int_distribution<int> companions(1, 128);
+  for (int trial = 0; trial < 20; ++trial) {
+    std::vector<RequestValues> batch;
+    const int n = companions(rng);
+    for (int i = 0; i < n; ++i) batch.push_back(companion());
+    const size_t at = std::uniform_int_distribution<size_t>(0, batch.size())(rng);
+    batch.insert(batch.begin() + static_cast<std::ptrdiff_t>(at), r);
+    SCOPED_TRACE(testing::Message()
+                 << "trial " << trial << ": r at " << at << " of " << batch.size());
+    const auto [out, lse] = run(batch, at, false);
+    ASSERT_EQ(out.size(), alone_out.size());
+    for (size_t i = 0; i < out.size(); ++i) {
+      ASSERT_EQ(std::memcmp(&out[i], &alone_out[i], sizeof(double)), 0)
+          << "out element " << i << ": " << out[i] << " vs " << alone_out[i] << " alone";
+    }
+    for (size_t i = 0; i < lse.size(); ++i) {
+      ASSERT_EQ(std::memcmp(&lse[i], &alone_lse[i], sizeof(double)), 0)
+          << "lse " << i << ": " << lse[i] << " vs " << alone_lse[i] << " alone";
+    }
+  }
+}
+
+TEST(MlaDecodeCuda, BatchInvariantRequestIsBitwiseTheSameInAnyBatch) {
+  MLAKIT_SKIP_WITHOUT_GPU();
+  Case m16;  // 16 rows (mma.sync), 5 pieces
+  m16.out_dtype = DType::kBF16;
+  check_batch_invariance(m16, 5000, 1100);
+  Case wgmma = m16;  // 128 heads: two 64-row tiles (wgmma)
+  wgmma.heads = 128;
+  check_batch_invariance(wgmma, 3000, 1101);
+  Case causal = m16;  // s_q 2 over 16 heads: 32 rows, causal inside the last piece
+  causal.s_q = 2;
+  causal.out_dtype = DType::kF32;
+  check_batch_invariance(causal, 1100, 1102);
+  Case fp8 = m16;  // fp8 cache, 64-row mma.sync
+  fp8.kv_dtype = KvCacheDType::kFp8E4m3;
+  fp8.heads = 64;
+  check_batch_invariance(fp8, 2500, 1103);
+}
+
+// The self-planning overload on GPU tensors: plans from the shape, allocates its workspace.
+TEST(MlaDecodeCuda, ConvenienceOverloadPlansItself) {
+  MLAKIT_SKIP_WITHOUT_GPU();
+  Case c;
+  c.seq_lens = {700, 3, 0, 129, 4000};
+  c.s_q = 2;
+  c.heads = 128;
+  c.out_dtype = DType::kBF16;
+  auto rng = test::make_rng(1200);
+  const HostInputs in = make_inputs(c, rng);
+  const References ref = references(c, in);
+  const DeviceInputs d = upload(in);
+  const Tensor out = device_nan({c.batch(), c.s_q, c.heads, kRank}, c.out_dtype);
+  const Tensor lse = device_nan({c.batch(), c.s_q, c.heads}, DType::kF32);
+  ops::mla_decode(d.q, d.cache, d.block_table, d.seq_lens, out, lse, c.params());
+  expect_matches(c, results_of(c, to_host(out), to_host(lse)), ref);
 }
 
 // ---- argument checks (no GPU needed: every check throws before the device is touched) ----------
@@ -513,8 +668,8 @@ class MlaDecodeCudaErrors : public ::testing::Test {
     in_ = make_inputs(c_, rng);
     out_ = Tensor::empty({2, 1, 4, kRank}, DType::kF32);
     lse_ = Tensor::empty({2, 1, 4}, DType::kF32);
-    schedule_ = cuda::uniform_decode_schedule(2, 2, in_.block_table.size(1) * 16);
-    ws_ = Tensor::empty({64 * 4 * 513}, DType::kF32);
+    schedule_ = cuda::device_decode_schedule(2, 1, 4, in_.block_table.size(1) * 16, 2, false);
+    ws_ = Tensor::empty({ops::mla_decode_workspace_elems(schedule_, 1, 4, kRank)}, DType::kF32);
   }
   void run(const TensorView& q, const TensorView& cache, const TensorView& out,
            const ops::DecodeParams& params, const DecodeSchedule& s, const TensorView& ws) {
@@ -532,16 +687,21 @@ class MlaDecodeCudaErrors : public ::testing::Test {
   Tensor ws_;
 };
 
-TEST_F(MlaDecodeCudaErrors, ScheduleMustBeUniform) {
-  const DecodeSchedule per_request = plan_decode_splits(std::vector<int32_t>{20, 200}, 16, 64);
-  ASSERT_NE(per_request.num_splits(0), per_request.num_splits(1));
-  MLAKIT_EXPECT_THROW_MSG(run_with(c_.params(), per_request),
-                          "mla_decode: on CUDA the schedule must be uniform");
+TEST_F(MlaDecodeCudaErrors, ScheduleMustBeDevicePlannedForThisShape) {
+  const DecodeSchedule host = plan_decode_splits(std::vector<int32_t>{20, 200}, 16, 64);
+  MLAKIT_EXPECT_THROW_MSG(
+      run_with(c_.params(), host),
+      "mla_decode: CUDA tensors need a device-planned schedule (plan_mla_decode "
+      "with the CUDA device), got a host-split schedule");
+  const DecodeSchedule other = cuda::device_decode_schedule(3, 1, 4, 1024, 2, false);
+  MLAKIT_EXPECT_THROW_MSG(
+      run_with(c_.params(), other),
+      "mla_decode: the schedule was planned for batch 3, s_q 1, num_heads 4 but "
+      "q has batch 2, s_q 1, num_heads 4");
   DecodeSchedule none = schedule_;
-  none.max_splits = 0;
-  none.split_offsets = {0, 0, 0};
-  none.total_splits = 0;
-  MLAKIT_EXPECT_THROW_MSG(run_with(c_.params(), none), "must be in [1, 256], got 0");
+  none.device.num_parts = 0;
+  MLAKIT_EXPECT_THROW_MSG(run_with(c_.params(), none),
+                          "mla_decode: a CUDA decode schedule needs num_parts in [1, 256], got 0");
 }
 
 TEST_F(MlaDecodeCudaErrors, UnsupportedShapesAndDtypes) {
@@ -580,7 +740,7 @@ TEST_F(MlaDecodeCudaErrors, SameValidationAsCpu) {
   const Tensor q8 = Tensor::zeros({2, 1, 4, kDim}, DType::kFp8E4m3);
   MLAKIT_EXPECT_THROW_MSG(run(q8, in_.cache, out_, c_.params(), schedule_, ws_),
                           "fp8 q needs an fp8 kv_cache_dtype");
-  const Tensor small = Tensor::empty({2 * 2 * 4 * 513 - 1}, DType::kF32);
+  const Tensor small = Tensor::empty({ws_.numel() - 1}, DType::kF32);
   MLAKIT_EXPECT_THROW_MSG(run(in_.q, in_.cache, out_, c_.params(), schedule_, small),
                           "mla_decode: split_workspace must hold at least");
   ops::DecodeParams p = c_.params();
@@ -596,10 +756,15 @@ TEST_F(MlaDecodeCudaErrors, SameValidationAsCpu) {
       ops::mla_decode(on_cuda(in_.q), in_.cache, on_cuda(in_.block_table), on_cuda(in_.seq_lens),
                       on_cuda(out_), on_cuda(lse_), c_.params(), schedule_, on_cuda(ws_)),
       "kv_cache is on cpu but q is on cuda:0");
+}
+
+// A CPU schedule kind for CPU tensors and the reverse.
+TEST_F(MlaDecodeCudaErrors, CpuTensorsNeedAHostSchedule) {
   MLAKIT_EXPECT_THROW_MSG(
-      ops::mla_decode(on_cuda(in_.q), on_cuda(in_.cache), on_cuda(in_.block_table),
-                      on_cuda(in_.seq_lens), on_cuda(out_), on_cuda(lse_), c_.params()),
-      "for CUDA tensors pass a schedule from plan_decode_splits_cuda");
+      ops::mla_decode(in_.q, in_.cache, in_.block_table, in_.seq_lens, out_, lse_, c_.params(),
+                      schedule_, ws_),
+      "mla_decode: cpu tensors need a host-split schedule (plan_mla_decode with the CPU device and "
+      "the seq_lens), got a device-planned schedule");
 }
 
 }  // namespace

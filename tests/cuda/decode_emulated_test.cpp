@@ -1,7 +1,8 @@
-// The sm90 decode kernels' own source (kernel.cuh, combine_kernel.cuh) run on the CPU, with the
-// host launch plan (plan_launch) of the library, against the fp64 oracle: the kernels' logic —
-// split ranges, the copy pipeline, page lookups, masking, online softmax, fragment layouts,
-// epilogue, combine — is checked on machines without a GPU.
+// The sm90 decode kernels' own source (plan_kernel.cuh, kernel.cuh, combine_kernel.cuh) run on
+// the CPU, with the host launch plan (plan_launch) of the library, against the fp64 oracle: the
+// kernels' logic — the work plan from seq_lens, segment loops, the copy pipeline, page lookups,
+// masking, online softmax, fragment layouts, epilogue, combine, batch invariance — is checked on
+// machines without a GPU.
 //
 // Emulated execution model: each CTA runs as 256 fibers (ucontext) on one OS thread; a warp's 32
 // fibers meet at every warp collective (ldmatrix, mma, shuffle), whose last arriving lane computes
@@ -340,7 +341,7 @@ inline void ldmatrix_x4(uint32_t (&r)[4], uint32_t addr) { emu::ldmatrix(r, addr
 inline void ldmatrix_x4_trans(uint32_t (&r)[4], uint32_t addr) { emu::ldmatrix(r, addr, true); }
 inline float fast_exp2(float x) { return std::exp2(x); }
 // The CTAs run one after another on one thread: a plain OR is the atomic.
-inline void report_bad_index(uint32_t* error_word) { *error_word |= kDecodeBadIndex; }
+inline void report_device_error(uint32_t* error_word, uint32_t bit) { *error_word |= bit; }
 inline uint32_t e4m3x2_to_f16x2(uint16_t two) {
   const __half2_raw h =
       __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(two), __NV_E4M3);
@@ -381,8 +382,9 @@ struct F16Mma {
 
 #include "cuda/decode/sm90/kernel.cuh"
 #undef __shared__
-#define __shared__ static  // the combine's __shared__ arrays: one copy for all fibers of the CTA
+#define __shared__ static  // __shared__ arrays: one copy for all fibers of the CTA
 #include "cuda/decode/sm90/combine_kernel.cuh"
+#include "cuda/decode/sm90/plan_kernel.cuh"
 #undef __shared__
 
 // The kernel's `extern __shared__ uint8_t smem[]`.
@@ -393,6 +395,7 @@ alignas(128) uint8_t smem[kSmemLimit];
 
 #include "cuda/decode/schedule.hpp"
 #include "cuda/decode_test_support.hpp"
+#include "cuda/work_plan_reference.hpp"
 
 namespace mlakit {
 namespace {
@@ -430,12 +433,14 @@ void run_decode_format(const cuda::decode_sm90::LaunchPlan& plan) {
   }
 }
 
-// The launch sequence of cuda::mla_decode, emulated: plan (the library's), decode, combine.
-// Returns the error word the kernels set.
+// The launch sequence of cuda::mla_decode, emulated: launch plan (the library's), plan kernel,
+// decode, combine. Returns the error word the kernels set.
 uint32_t emulate(const DecodeProblem& problem, const DecodeSchedule& schedule) {
   cuda::decode_sm90::LaunchPlan plan = cuda::decode_sm90::plan_launch(problem, schedule);
   uint32_t error_word = 0;
-  plan.decode.error_word = &error_word;
+  if (plan.decode_ctas == 0) return error_word;
+  plan.decode.error_word = plan.plan.error_word = &error_word;
+  run_grid(sm90::mla_decode_plan_kernel, plan.plan, 1);
   switch (plan.format) {
     case sm90::CacheFormat::kNative:
       run_decode_format<sm90::CacheFormat::kNative>(plan);
@@ -452,21 +457,32 @@ uint32_t emulate(const DecodeProblem& problem, const DecodeSchedule& schedule) {
   return error_word;
 }
 
+// A schedule of the emulation: `parts` parts (the GPU would take one per SM per row tile), and
+// every seq_len bounded by max_seq_len (0: the block table's width x block size).
+struct Sched {
+  int64_t parts = 1;
+  bool invariant = false;
+  int64_t max_seq_len = 0;
+};
+
 struct Outputs {
   Tensor out_storage, lse_storage, workspace;
   TensorView out, lse;
   uint32_t error_word = 0;  // the device error word after the launch
 };
 
-// The op's argument bundle, as src/ops/decode.cpp's validation builds it.
-Outputs run_emulated(const Case& c, const HostInputs& in, int64_t splits) {
+// The op's argument bundle, as src/ops/decode.cpp's validation builds it; outputs and workspace
+// start as NaN.
+Outputs run_emulated(const Case& c, const HostInputs& in, const Sched& sched) {
   Outputs o;
   o.out_storage = test::nan_tensor({c.batch(), c.s_q, c.heads, kRank + c.out_pad}, c.out_dtype);
   o.lse_storage = test::nan_tensor({c.batch(), c.s_q, c.heads + c.out_pad}, DType::kF32);
   o.out = o.out_storage.view().narrow(3, 0, kRank);
   o.lse = o.lse_storage.view().narrow(2, 0, c.heads);
-  const DecodeSchedule s =
-      cuda::uniform_decode_schedule(c.batch(), splits, in.block_table.size(1) * c.block_size);
+  const int64_t max_len =
+      sched.max_seq_len > 0 ? sched.max_seq_len : in.block_table.size(1) * c.block_size;
+  const DecodeSchedule s = cuda::device_decode_schedule(c.batch(), c.s_q, c.heads, max_len,
+                                                        sched.parts, sched.invariant);
   o.workspace = test::nan_tensor(
       {std::max<int64_t>(1, ops::mla_decode_workspace_elems(s, c.s_q, c.heads, kRank))},
       DType::kF32);
@@ -490,14 +506,14 @@ Outputs run_emulated(const Case& c, const HostInputs& in, int64_t splits) {
   return o;
 }
 
-void check_case(const Case& c, uint64_t stream, std::vector<int64_t> splits) {
+void check_case(const Case& c, uint64_t stream, const std::vector<Sched>& schedules) {
   SCOPED_TRACE(c.name());
   auto rng = test::make_rng(stream);
   const HostInputs in = make_inputs(c, rng);
   const Expected kernel_ref = reference(c, in.q_kernel, in.k_kernel);
   const Expected exact_ref = c.exact_inputs() ? kernel_ref : reference(c, in.q_exact, in.k_exact);
-  for (int64_t s : splits) {
-    SCOPED_TRACE(testing::Message() << "splits " << s);
+  for (const Sched& s : schedules) {
+    SCOPED_TRACE(testing::Message() << "parts " << s.parts << (s.invariant ? " invariant" : ""));
     const Outputs o = run_emulated(c, in, s);
     EXPECT_EQ(o.error_word, 0u) << "good indices must not be reported";
     EXPECT_TRUE(test::all_close(o.out, kernel_ref.out, out_tolerance(c))) << "out vs oracle";
@@ -513,21 +529,134 @@ void check_case(const Case& c, uint64_t stream, std::vector<int64_t> splits) {
   }
 }
 
-// 16-row CTAs: lengths around tile and page boundaries, an empty request, splits with empty tails.
+// Balanced schedules over `parts` parts, and batch-invariant ones over the first of them.
+std::vector<Sched> balanced(std::initializer_list<int64_t> parts) {
+  std::vector<Sched> s;
+  for (int64_t p : parts) s.push_back({p, false, 0});
+  return s;
+}
+
+// ---- the plan kernel ---------------------------------------------------------------------------
+
+// The plan kernel's records for `lens`, emulated, against the host assembly of the same plan:
+// several chunks of 256 requests, part searches over up to 256 parts, bad lengths.
+TEST(MlaDecodeEmulated, PlanKernelMatchesTheHostPlan) {
+  auto rng = test::make_rng(50);
+  for (bool invariant : {false, true}) {
+    for (int64_t parts : {1, 3, 66, 256}) {
+      for (int64_t batch : {1, 7, 300, 700}) {
+        SCOPED_TRACE(testing::Message()
+                     << (invariant ? "invariant" : "balanced") << " P " << parts << " B " << batch);
+        const int32_t max_len = 5000;
+        std::uniform_int_distribution<int32_t> len(-2, max_len + 2);  // a few bad ones
+        std::vector<int32_t> lens;
+        for (int64_t b = 0; b < batch; ++b) lens.push_back(len(rng));
+        const HostWorkPlan want = host_work_plan(lens, max_len, parts, invariant);
+
+        const cuda::WorkPlanBounds bounds =
+            cuda::work_plan_bounds(batch, parts, invariant, max_len);
+        const cuda::WorkspaceLayout layout = cuda::workspace_layout(parts, bounds, 16, kRank);
+        std::vector<int32_t> ws(static_cast<size_t>(layout.partial_lse), -7);  // poison
+        cuda::decode_sm90::PlanParams p{};
+        p.seq_lens = lens.data();
+        p.seq_lens_stride = 1;
+        p.batch = static_cast<int32_t>(batch);
+        p.max_seq_len = max_len;
+        p.num_parts = static_cast<int32_t>(parts);
+        p.batch_invariant = invariant;
+        p.bounds = bounds;
+        p.header = ws.data();
+        p.part_begin = ws.data() + layout.part_begin;
+        p.segments = reinterpret_cast<cuda::SegmentRecord*>(ws.data() + layout.segments);
+        p.segment_part = ws.data() + layout.segment_part;
+        p.splits = reinterpret_cast<cuda::SplitRecord*>(ws.data() + layout.splits);
+        uint32_t error_word = 0;
+        p.error_word = &error_word;
+        run_grid(sm90::mla_decode_plan_kernel, p, 1);
+
+        EXPECT_EQ(error_word, 0u);
+        ASSERT_EQ(ws[cuda::kHeaderSegments], static_cast<int32_t>(want.segments.size()));
+        ASSERT_EQ(ws[cuda::kHeaderSplitRequests], static_cast<int32_t>(want.splits.size()));
+        ASSERT_EQ(ws[cuda::kHeaderPartials], static_cast<int32_t>(want.partials));
+        for (size_t i = 0; i < want.segments.size(); ++i) {
+          const cuda::SegmentRecord& got = p.segments[i];
+          const cuda::SegmentRecord& w = want.segments[i];
+          ASSERT_TRUE(got.request == w.request && got.key_begin == w.key_begin &&
+                      got.key_end == w.key_end && got.slot == w.slot)
+              << "segment " << i;
+          ASSERT_EQ(p.segment_part[i], want.segment_part[i]) << "segment " << i;
+        }
+        for (size_t i = 0; i < want.splits.size(); ++i) {
+          ASSERT_EQ(p.splits[i].request, want.splits[i].request) << i;
+          ASSERT_EQ(p.splits[i].first_slot, want.splits[i].first_slot) << i;
+          ASSERT_EQ(p.splits[i].num_segments, want.splits[i].num_segments) << i;
+        }
+        for (int64_t part = 0; part <= parts; ++part) {
+          ASSERT_EQ(p.part_begin[part], want.part_begin[part]) << "part " << part;
+        }
+      }
+    }
+  }
+}
+
+// A plan that would not fit its bounds (which work_plan_bounds excludes; here the bounds are cut
+// by hand) is reported and replaced by an empty one: nothing is written past a region.
+TEST(MlaDecodeEmulated, PlanKernelNeverOutgrowsItsBounds) {
+  const std::vector<int32_t> lens = {3000, 10, 700, 0, 4000};
+  const int64_t parts = 7, max_len = 4096;
+  const HostWorkPlan want = host_work_plan(lens, max_len, parts, false);
+  for (int cut = 0; cut < 3; ++cut) {
+    SCOPED_TRACE(testing::Message() << "cut " << cut);
+    cuda::WorkPlanBounds bounds = cuda::work_plan_bounds(5, parts, false, max_len);
+    if (cut == 0) bounds.max_segments = static_cast<int64_t>(want.segments.size()) - 1;
+    if (cut == 1) bounds.max_partials = want.partials - 1;
+    if (cut == 2) bounds.max_split_requests = static_cast<int64_t>(want.splits.size()) - 1;
+    const cuda::WorkspaceLayout layout = cuda::workspace_layout(parts, bounds, 16, kRank);
+    const int64_t guard = 64;  // words past the plan's regions that must stay untouched
+    std::vector<int32_t> ws(static_cast<size_t>(layout.partial_lse + guard), -7);
+    cuda::decode_sm90::PlanParams p{};
+    p.seq_lens = lens.data();
+    p.seq_lens_stride = 1;
+    p.batch = 5;
+    p.max_seq_len = static_cast<int32_t>(max_len);
+    p.num_parts = static_cast<int32_t>(parts);
+    p.bounds = bounds;
+    p.header = ws.data();
+    p.part_begin = ws.data() + layout.part_begin;
+    p.segments = reinterpret_cast<cuda::SegmentRecord*>(ws.data() + layout.segments);
+    p.segment_part = ws.data() + layout.segment_part;
+    p.splits = reinterpret_cast<cuda::SplitRecord*>(ws.data() + layout.splits);
+    uint32_t error_word = 0;
+    p.error_word = &error_word;
+    run_grid(sm90::mla_decode_plan_kernel, p, 1);
+    EXPECT_EQ(error_word, uint32_t{cuda::kDecodePlanOverflow});
+    EXPECT_EQ(ws[cuda::kHeaderSegments], 0);
+    EXPECT_EQ(ws[cuda::kHeaderSplitRequests], 0);
+    for (int64_t part = 0; part <= parts; ++part) EXPECT_EQ(p.part_begin[part], 0) << part;
+    for (int64_t i = layout.partial_lse; i < layout.partial_lse + guard; ++i) {
+      ASSERT_EQ(ws[i], -7) << "word " << i << " past the plan's regions was written";
+    }
+  }
+}
+
+// ---- decode against the oracle -----------------------------------------------------------------
+
+// 16-row CTAs: lengths around tile and page boundaries, an empty request; one part (no combine),
+// three and twenty parts (cuts inside requests, parts left empty).
 TEST(MlaDecodeEmulated, Bf16SixteenRows) {
   Case c;
   c.seq_lens = {65, 130, 0};
   c.block_size = 16;
-  check_case(c, 100, {1, 3});
+  check_case(c, 100, balanced({1, 3, 20}));
 }
 
-// 64-row CTAs: s_q 4 x 16 heads, bottom-right causal across split boundaries.
+// 64-row CTAs: s_q 4 x 16 heads, bottom-right causal across segment boundaries.
 TEST(MlaDecodeEmulated, Bf16SixtyFourRowsCausal) {
   Case c;
   c.seq_lens = {100, 7};
   c.s_q = 4;
   c.out_dtype = DType::kBF16;
-  check_case(c, 200, {1, 2});
+  check_case(c, 200, balanced({1, 2}));
 }
 
 // Rows of a 64-row CTA partly padding (s_q 2 x 24 heads = 48), f16 cache, page 128.
@@ -539,26 +668,26 @@ TEST(MlaDecodeEmulated, F16PartialRowTile) {
   c.block_size = 128;
   c.cache_dtype = c.q_dtype = DType::kF16;
   c.out_dtype = DType::kF16;
-  check_case(c, 300, {2});
+  check_case(c, 300, balanced({2}));
 }
 
 // Two 64-row tiles per request (128 heads); s_q 8 with requests shorter than s_q (early queries
-// see no key); one long request over 20 splits, four of them empty.
-TEST(MlaDecodeEmulated, RowTilesSpeculativeQueriesAndManySplits) {
+// see no key); one long request cut by nineteen part boundaries.
+TEST(MlaDecodeEmulated, RowTilesSpeculativeQueriesAndManyParts) {
   Case heads128;
   heads128.seq_lens = {70, 0};
   heads128.heads = 128;
   heads128.out_dtype = DType::kBF16;
-  check_case(heads128, 250, {2});
+  check_case(heads128, 250, balanced({2}));
   Case spec;
   spec.seq_lens = {9, 5, 1};
   spec.s_q = 8;
   spec.heads = 8;
   spec.block_size = 16;
-  check_case(spec, 251, {1, 2});
+  check_case(spec, 251, balanced({1, 2}));
   Case long_one;
   long_one.seq_lens = {1000};
-  check_case(long_one, 252, {20});
+  check_case(long_one, 252, balanced({20}));
 }
 
 TEST(MlaDecodeEmulated, Fp8CacheWithScales) {
@@ -569,13 +698,13 @@ TEST(MlaDecodeEmulated, Fp8CacheWithScales) {
   c.q_scale = 2.0f;
   c.k_scale = 3.0f;
   c.block_size = 16;
-  check_case(c, 400, {1, 2});
+  check_case(c, 400, balanced({1, 2}));
   Case bf16_q = c;  // bf16 MMAs, 64 rows
   bf16_q.q_dtype = DType::kBF16;
   bf16_q.seq_lens = {70};
   bf16_q.heads = 32;
   bf16_q.out_dtype = DType::kBF16;
-  check_case(bf16_q, 401, {1});
+  check_case(bf16_q, 401, balanced({1}));
 }
 
 TEST(MlaDecodeEmulated, DsMlaCache) {
@@ -583,14 +712,14 @@ TEST(MlaDecodeEmulated, DsMlaCache) {
   c.seq_lens = {90, 3};
   c.kv_dtype = KvCacheDType::kFp8DsMla;
   c.k_scale = 5.0f;  // must not apply
-  check_case(c, 500, {2});
+  check_case(c, 500, balanced({2}));
   Case f16 = c;  // f16, 64 rows, one raw stage; fp8 q with the rope dtype from out
   f16.cache_dtype = DType::kF16;
   f16.q_dtype = DType::kFp8E4m3;
   f16.out_dtype = DType::kF16;
   f16.s_q = 2;
   f16.seq_lens = {130};
-  check_case(f16, 501, {1});
+  check_case(f16, 501, balanced({1}));
 }
 
 // Unaligned q rows (scalar loads), an f32 q converted to bf16, strided out and lse.
@@ -602,9 +731,129 @@ TEST(MlaDecodeEmulated, StridedAndConvertedQuery) {
   c.q_pad = 1;
   c.out_pad = 8;
   c.q_dtype = DType::kF32;
-  check_case(c, 600, {1, 2});
+  check_case(c, 600, balanced({1, 2}));
 }
 
+// ---- varied lengths under the work-balanced and the batch-invariant plans ----------------------
+
+// Lengths 0, 1, k * 64 +- 1, one long among short ones; s_q 1..4 over 16 heads (16, 32, 48, 64
+// rows); the parts cut requests anywhere, several segments run in one CTA, and segments of one
+// request land in different CTAs.
+TEST(MlaDecodeEmulated, VariedLengthsAndQueryCounts) {
+  uint64_t stream = 1000;
+  for (int64_t s_q : {1, 2, 3, 4}) {
+    Case c;
+    c.seq_lens = {0, 1, 63, 65, 129, 2, 191, 0};
+    c.s_q = s_q;
+    c.block_size = 16;
+    c.out_dtype = s_q % 2 == 0 ? DType::kBF16 : DType::kF32;
+    check_case(c, stream++, {{1}, {3}, {5}, {2, true}});
+  }
+  Case one_long;
+  one_long.seq_lens = {1, 2, 640, 1, 0, 3, 1};
+  check_case(one_long, stream++, {{4}, {7}, {3, true}});
+}
+
+// 64 and 128 heads (one and two 64-row tiles) with varied lengths, every cache format.
+TEST(MlaDecodeEmulated, VariedLengthsManyHeadsAllFormats) {
+  uint64_t stream = 1100;
+  for (int64_t heads : {64, 128}) {
+    Case c;
+    c.seq_lens = {130, 1, 0, 65};
+    c.heads = heads;
+    c.out_dtype = DType::kBF16;
+    check_case(c, stream++, {{3}, {2, true}});
+  }
+  Case fp8;
+  fp8.seq_lens = {1, 127, 0, 64, 200};
+  fp8.kv_dtype = KvCacheDType::kFp8E4m3;
+  fp8.k_scale = 2.0f;
+  fp8.block_size = 16;
+  check_case(fp8, stream++, {{4}, {3, true}});
+  Case ds_mla;
+  ds_mla.seq_lens = {63, 0, 129, 1};
+  ds_mla.kv_dtype = KvCacheDType::kFp8DsMla;
+  ds_mla.s_q = 2;
+  check_case(ds_mla, stream++, {{3}, {2, true}});
+  Case ds_mla_64 = ds_mla;
+  ds_mla_64.heads = 64;
+  ds_mla_64.s_q = 1;
+  check_case(ds_mla_64, stream++, {{3}});
+}
+
+// A request longer than one batch-invariant piece (16 tiles): three pieces, merged in order.
+TEST(MlaDecodeEmulated, BatchInvariantPiecesOfALongRequest) {
+  Case c;
+  c.seq_lens = {2100, 5};
+  c.block_size = 64;
+  check_case(c, 1200, {{1, true}, {4, true}});
+}
+
+// Request r's out and lse bits alone and inside random batches of companions (other lengths,
+// positions and part counts): the batch-invariant plan cuts it the same way, each piece is computed
+// by the same code whichever CTA runs it, and the combine sums in a fixed order.
+void check_batch_invariance(Case c, int32_t r_len, int batches, int max_companions,
+                            uint64_t stream) {
+  SCOPED_TRACE(c.name());
+  auto rng = test::make_rng(stream);
+  const RequestValues r = random_request(c, r_len, rng);
+  c.seq_lens = {r_len};
+  const HostInputs alone_in = batch_inputs(c, {r}, rng);
+  const Outputs alone = run_emulated(c, alone_in, {1, true, 0});
+  const Expected want = reference(c, alone_in.q_kernel, alone_in.k_kernel);
+  EXPECT_TRUE(test::all_close(alone.out, want.out, out_tolerance(c))) << "r alone vs oracle";
+  const std::vector<double> alone_out = test::to_doubles(alone.out);
+  const std::vector<double> alone_lse = test::to_doubles(alone.lse);
+  const int64_t rows = c.s_q * c.heads;
+  std::uniform_int_distribution<int> companions(1, max_companions);
+  std::uniform_int_distribution<int32_t> other_len(0, 300);
+  std::uniform_int_distribution<int64_t> parts(1, 6);
+  for (int trial = 0; trial < batches; ++trial) {
+    std::vector<RequestValues> batch;
+    const int n = companions(rng);
+    for (int i = 0; i < n; ++i) batch.push_back(random_request(c, other_len(rng), rng));
+    const size_t at = std::uniform_int_distribution<size_t>(0, batch.size())(rng);
+    batch.insert(batch.begin() + static_cast<std::ptrdiff_t>(at), r);
+    Case bc = c;
+    bc.seq_lens.clear();
+    for (const RequestValues& v : batch) bc.seq_lens.push_back(v.seq_len);
+    const HostInputs in = batch_inputs(bc, batch, rng);
+    const int64_t p = parts(rng);
+    SCOPED_TRACE(testing::Message() << "trial " << trial << ": r at " << at << " of "
+                                    << batch.size() << ", parts " << p);
+    const Outputs o = run_emulated(bc, in, {p, true, 0});
+    const std::vector<double> out = test::to_doubles(o.out.narrow(0, at, 1));
+    const std::vector<double> lse = test::to_doubles(o.lse.narrow(0, at, 1));
+    ASSERT_EQ(out.size(), alone_out.size());
+    for (size_t i = 0; i < out.size(); ++i) {
+      ASSERT_EQ(std::memcmp(&out[i], &alone_out[i], sizeof(double)), 0)
+          << "out element " << i << ": " << out[i] << " vs " << alone_out[i] << " alone";
+    }
+    for (int64_t i = 0; i < rows; ++i) {
+      ASSERT_EQ(std::memcmp(&lse[i], &alone_lse[i], sizeof(double)), 0)
+          << "lse " << i << ": " << lse[i] << " vs " << alone_lse[i] << " alone";
+    }
+  }
+}
+
+TEST(MlaDecodeEmulated, BatchInvariantRequestIsBitwiseTheSameInAnyBatch) {
+  Case c;  // 16 rows, bf16 out, a request of three pieces
+  c.out_dtype = DType::kBF16;
+  check_batch_invariance(c, 2000, 4, 6, 1300);
+  Case many = c;  // 64-row CTAs, s_q 2 (causal within the last piece), f32 out, fp8 cache
+  many.heads = 32;
+  many.s_q = 2;
+  many.out_dtype = DType::kF32;
+  many.kv_dtype = KvCacheDType::kFp8E4m3;
+  many.block_size = 16;
+  check_batch_invariance(many, 1100, 3, 4, 1301);
+}
+
+// ---- bad indices -------------------------------------------------------------------------------
+
+// A block id past the cache, a negative one, a seq_len beyond the table: those requests' rows are
+// NaN and the error word is set; the good request stays exact. Also a seq_len within the table
+// but above the schedule's max_seq_len.
 TEST(MlaDecodeEmulated, BadIndicesGiveNanRows) {
   Case c;
   c.seq_lens = {50, 100, 20, 40};
@@ -618,8 +867,8 @@ TEST(MlaDecodeEmulated, BadIndicesGiveNanRows) {
   table[3 * width + 1] = -1;
   in.seq_lens.data<int32_t>()[2] = static_cast<int32_t>(width * c.block_size + 1);
   const int64_t row = c.s_q * c.heads;
-  for (int64_t s : {1, 2}) {
-    SCOPED_TRACE(testing::Message() << "splits " << s);
+  for (const Sched& s : std::vector<Sched>{{1}, {2}, {3, true}}) {
+    SCOPED_TRACE(testing::Message() << "parts " << s.parts << (s.invariant ? " invariant" : ""));
     const Outputs o = run_emulated(c, in, s);
     EXPECT_EQ(o.error_word, uint32_t{cuda::kDecodeBadIndex});
     const std::vector<double> out = test::to_doubles(o.out), lse = test::to_doubles(o.lse);
@@ -628,6 +877,18 @@ TEST(MlaDecodeEmulated, BadIndicesGiveNanRows) {
     const std::vector<double> want(ref.out.begin(), ref.out.begin() + row * kRank);
     EXPECT_TRUE(test::all_close(o.out.narrow(0, 0, 1), want, out_tolerance(c)));
   }
+  // seq_len 100 of request 1 is within the table but above a schedule bound of 64.
+  Case bounded;
+  bounded.seq_lens = {50, 100};
+  bounded.block_size = 16;
+  const HostInputs good = make_inputs(bounded, rng);
+  const Expected good_ref = reference(bounded, good.q_kernel, good.k_kernel);
+  const Outputs o = run_emulated(bounded, good, {2, false, 64});
+  EXPECT_EQ(o.error_word, uint32_t{cuda::kDecodeBadIndex});
+  const std::vector<double> out = test::to_doubles(o.out);
+  for (int64_t i = row * kRank; i < 2 * row * kRank; ++i) ASSERT_TRUE(std::isnan(out[i])) << i;
+  const std::vector<double> want(good_ref.out.begin(), good_ref.out.begin() + row * kRank);
+  EXPECT_TRUE(test::all_close(o.out.narrow(0, 0, 1), want, out_tolerance(bounded)));
 }
 
 }  // namespace

@@ -141,12 +141,31 @@ inline void write_entry(const Case& c, uint8_t* entry, const std::vector<float>&
   }
 }
 
-inline HostInputs make_inputs(const Case& c, std::mt19937_64& rng) {
+// One request's own values, fixed while the batch around it changes (batch-invariance tests).
+struct RequestValues {
+  int32_t seq_len = 0;
+  std::vector<float> q;     // [s_q, N, 576], before rounding to q's dtype
+  std::vector<float> keys;  // [seq_len, 576], before quantization into the cache
+};
+
+inline RequestValues random_request(const Case& c, int32_t seq_len, std::mt19937_64& rng) {
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  RequestValues r;
+  r.seq_len = seq_len;
+  r.keys.resize(static_cast<size_t>(seq_len) * kDim);
+  for (float& v : r.keys) v = normal(rng);
+  r.q.resize(static_cast<size_t>(c.s_q * c.heads * kDim));
+  for (float& v : r.q) v = normal(rng);
+  return r;
+}
+
+// The inputs of a batch of `requests` (c.seq_lens must be their lengths): their blocks shuffled
+// over a pool with spare blocks nothing is written to (rng draws the shuffle only). Without
+// `oracle_values` the q_* and k_* vectors stay empty (large batches that no oracle checks).
+inline HostInputs batch_inputs(const Case& c, const std::vector<RequestValues>& requests,
+                               std::mt19937_64& rng, bool oracle_values = true) {
   HostInputs in;
   const int64_t batch = c.batch(), bs = c.block_size;
-  std::normal_distribution<float> normal(0.0f, 1.0f);
-
-  // Blocks of all requests shuffled over a pool with spare blocks nothing is written to.
   int64_t width = 1, used_blocks = 0;
   for (int32_t len : c.seq_lens) {
     width = std::max<int64_t>(width, (len + bs - 1) / bs + 1);  // +1: an unused column
@@ -167,11 +186,13 @@ inline HostInputs make_inputs(const Case& c, std::mt19937_64& rng) {
     const int64_t len = c.seq_lens[b];
     for (int64_t col = 0; col < (len + bs - 1) / bs; ++col) table[b * width + col] = ids[next++];
     for (int64_t s = 0; s < len; ++s) {
-      std::vector<float> x(kDim);
-      for (float& v : x) v = normal(rng);
+      const std::vector<float> x(requests[b].keys.begin() + s * kDim,
+                                 requests[b].keys.begin() + (s + 1) * kDim);
       const int64_t slot = table[b * width + s / bs] * bs + s % bs;
       uint8_t* e = static_cast<uint8_t*>(in.cache.view().data) + slot * entry * dtype_size(storage);
-      write_entry(c, e, x, in.k_exact[b], in.k_kernel[b]);
+      std::vector<double> exact, kernel;
+      write_entry(c, e, x, oracle_values ? in.k_exact[b] : exact,
+                  oracle_values ? in.k_kernel[b] : kernel);
     }
   }
   in.block_table = test::int_tensor(table, {batch, width}, DType::kI32);
@@ -179,27 +200,35 @@ inline HostInputs make_inputs(const Case& c, std::mt19937_64& rng) {
                                  {batch}, DType::kI32);
 
   // Queries: fp8 q as scaled_fp8_quant writes it (x * (1 / q_scale)).
-  const int64_t row_len = kDim + c.q_pad;
+  const int64_t row_len = kDim + c.q_pad, rows = c.s_q * c.heads;
   in.q_storage = test::nan_tensor({batch, c.s_q, c.heads, row_len}, c.q_dtype);
   in.q = in.q_storage.view().narrow(3, 0, kDim);
   const DType e = c.mma_dtype();
-  for (int64_t row = 0; row < batch * c.s_q * c.heads; ++row) {
+  for (int64_t row = 0; row < batch * rows; ++row) {
     for (int64_t i = 0; i < kDim; ++i) {
       const int64_t at = row * row_len + i;
-      const float x = normal(rng);
+      const float x = requests[row / rows].q[(row % rows) * kDim + i];
       if (is_fp8(c.q_dtype)) {
         const uint8_t byte = float_to_e4m3_bits(x * (1.0f / c.q_scale));
         static_cast<uint8_t*>(in.q_storage.view().data)[at] = byte;
+        if (!oracle_values) continue;
         in.q_exact.push_back(e4m3_value(byte) * c.q_scale);
         in.q_kernel.push_back(in.q_exact.back());  // e4m3 is exact in E; q_scale applies in f32
       } else {
         store_float(in.q_storage.view().data, c.q_dtype, at, x);
+        if (!oracle_values) continue;
         in.q_exact.push_back(load_float(in.q_storage.view().data, c.q_dtype, at));
         in.q_kernel.push_back(round_to_dtype(static_cast<float>(in.q_exact.back()), e));
       }
     }
   }
   return in;
+}
+
+inline HostInputs make_inputs(const Case& c, std::mt19937_64& rng) {
+  std::vector<RequestValues> requests;
+  for (int32_t len : c.seq_lens) requests.push_back(random_request(c, len, rng));
+  return batch_inputs(c, requests, rng);
 }
 
 struct Expected {

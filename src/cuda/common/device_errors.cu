@@ -55,8 +55,12 @@ constexpr BitMessage kMessages[] = {
      "q.shape[0] / k_nope.shape[0], or a request was longer than max_seqlen_q / max_seqlen_k "
      "(that request's rows were not written)"},
     {kDecodeBadIndex,
-     "mla_decode: a seq_lens value was outside [0, block_table width * block_size] or a "
-     "block_table entry it needed was not a block id in [0, num_blocks) (those rows are NaN)"},
+     "mla_decode: a seq_lens value was outside [0, block_table width * block_size] (or above the "
+     "schedule's max_seq_len) or a block_table entry it needed was not a block id in [0, "
+     "num_blocks) (those rows are NaN)"},
+    {kDecodePlanOverflow,
+     "mla_decode: internal error: the work plan exceeded the bounds its workspace was sized for "
+     "(some rows were not computed); please report this"},
 };
 
 struct Symbols {

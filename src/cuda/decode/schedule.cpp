@@ -1,4 +1,4 @@
-// Uniform split-KV schedule of the CUDA decode (schedule.hpp).
+// Schedule of the CUDA decode (schedule.hpp).
 #include "cuda/decode/schedule.hpp"
 
 #include <cuda_runtime.h>
@@ -15,85 +15,87 @@ using detail::require;
 
 namespace {
 
-// The cost model counts time in units of one key tile's streaming time: 64 entries of 576 bf16
-// values (72 KiB) at a 1/num_sms share of the memory bandwidth, about 2 us on an H200.
-constexpr double kTileBytes = 64.0 * 1152.0;
-// Fixed cost of one CTA: loading q, filling the copy pipeline and the epilogue.
-constexpr double kCtaOverheadTiles = 1.0;
-// The combine kernel's launch and tail, besides reading the partials.
-constexpr double kCombineOverheadTiles = 1.0;
-// One partial row: 512 f32 values and the LSE, written by the decode and read by the combine.
-constexpr double kPartialRowBytes = 513.0 * 4.0;
+constexpr int64_t kInt32Max = std::numeric_limits<int32_t>::max();
 
-int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+// Checks the shape of a device schedule and returns its bounds (naming `op` in messages).
+WorkPlanBounds checked_bounds(const DeviceDecodeSchedule& d, const char* op) {
+  require(d.batch >= 0 && d.s_q >= 1 && d.num_heads >= 1 && d.max_seq_len >= 0 &&
+              d.max_seq_len <= kInt32Max,
+          ErrorCode::kInvalidArgument, op,
+          ": a CUDA decode schedule needs batch >= 0, s_q >= 1, num_heads >= 1 and max_seq_len in "
+          "[0, 2^31 - 1], got batch ",
+          d.batch, ", s_q ", d.s_q, ", num_heads ", d.num_heads, ", max_seq_len ", d.max_seq_len);
+  require(d.num_parts >= 1 && d.num_parts <= kMaxDecodeParts, ErrorCode::kInvalidArgument, op,
+          ": a CUDA decode schedule needs num_parts in [1, ", kMaxDecodeParts, "], got ",
+          d.num_parts);
+  const WorkPlanBounds b = work_plan_bounds(d.batch, d.num_parts, d.batch_invariant, d.max_seq_len);
+  // Segment, slot and row indices are int32 on the device.
+  require(b.max_segments <= kInt32Max && b.max_partials <= kInt32Max / 4 &&
+              d.batch * d.s_q * d.num_heads <= kInt32Max,
+          ErrorCode::kInvalidArgument, op, ": batch ", d.batch, " x s_q ", d.s_q, " x num_heads ",
+          d.num_heads, " with max_seq_len ", d.max_seq_len, " needs ", b.max_segments,
+          " segments; the CUDA decode indexes them with int32");
+  return b;
+}
 
 }  // namespace
 
-int64_t decode_num_splits(int64_t batch, int64_t rows_per_request, int64_t max_seq_len,
-                          int64_t num_sms) {
-  constexpr const char* kOp = "decode_num_splits";
-  require(batch >= 0 && rows_per_request >= 0 && max_seq_len >= 0, ErrorCode::kInvalidArgument, kOp,
-          ": sizes must be >= 0, got batch ", batch, ", rows ", rows_per_request, ", max_seq_len ",
-          max_seq_len);
-  require(num_sms > 0, ErrorCode::kInvalidArgument, kOp, ": num_sms must be > 0, got ", num_sms);
-  if (batch == 0 || rows_per_request == 0) return 1;
-  const int64_t tiles = std::max<int64_t>(1, ceil_div(max_seq_len, kDecodeKeyTile));
+int64_t decode_num_parts(int64_t rows_per_request, int64_t num_sms) {
+  constexpr const char* kOp = "decode_num_parts";
+  require(rows_per_request >= 1 && num_sms >= 1, ErrorCode::kInvalidArgument, kOp,
+          ": rows_per_request and num_sms must be >= 1, got ", rows_per_request, " and ", num_sms);
   const int64_t rows_per_cta = decode_rows_per_cta(rows_per_request);
-  const int64_t ctas_per_split = batch * ceil_div(rows_per_request, rows_per_cta);
-  // A CTA of a split request also writes its partial rows; the combine reads all of them back
-  // spread over the whole GPU.
-  const double partial_write_tiles =
-      static_cast<double>(std::min(rows_per_cta, rows_per_request)) * kPartialRowBytes / kTileBytes;
-  int64_t best = 1;
-  double best_cost = std::numeric_limits<double>::infinity();
-  for (int64_t s = 1; s <= std::min(tiles, kMaxDecodeSplits); ++s) {
-    const int64_t waves = ceil_div(ctas_per_split * s, num_sms);
-    double cost =
-        static_cast<double>(waves) * (static_cast<double>(ceil_div(tiles, s)) + kCtaOverheadTiles +
-                                      (s > 1 ? partial_write_tiles : 0.0));
-    if (s > 1) {
-      cost += kCombineOverheadTiles + static_cast<double>(batch * rows_per_request * s) *
-                                          kPartialRowBytes /
-                                          (static_cast<double>(num_sms) * kTileBytes);
-    }
-    if (cost < best_cost * (1.0 - 1e-9)) best = s, best_cost = cost;  // ties: fewer splits
-  }
-  return best;
+  const int64_t row_tiles = (rows_per_request + rows_per_cta - 1) / rows_per_cta;
+  return std::clamp<int64_t>(num_sms / row_tiles, 1, kMaxDecodeParts);
 }
 
-DecodeSchedule uniform_decode_schedule(int64_t batch, int64_t num_splits, int64_t max_seq_len) {
-  constexpr const char* kOp = "uniform_decode_schedule";
-  constexpr int64_t kInt32Max = std::numeric_limits<int32_t>::max();
-  require(num_splits >= 1 && num_splits <= kMaxDecodeSplits, ErrorCode::kInvalidArgument, kOp,
-          ": num_splits must be in [1, ", kMaxDecodeSplits, "], got ", num_splits);
-  require(batch >= 0 && batch * num_splits <= kInt32Max, ErrorCode::kInvalidArgument, kOp,
-          ": batch must be in [0, 2^31 / num_splits), got ", batch);
-  require(max_seq_len >= 0 && max_seq_len <= kInt32Max, ErrorCode::kInvalidArgument, kOp,
-          ": max_seq_len must be in [0, 2^31 - 1], got ", max_seq_len);
-  const int64_t chunk =
-      std::max<int64_t>(1, ceil_div(ceil_div(max_seq_len, num_splits), kDecodeKeyTile)) *
-      kDecodeKeyTile;
+DecodeSchedule device_decode_schedule(int64_t batch, int64_t s_q, int64_t num_heads,
+                                      int64_t max_seq_len, int64_t num_parts,
+                                      bool batch_invariant) {
   DecodeSchedule s;
-  s.split_offsets.resize(batch + 1);
-  for (int64_t b = 0; b <= batch; ++b) s.split_offsets[b] = static_cast<int32_t>(b * num_splits);
-  s.split_len.assign(batch, static_cast<int32_t>(std::min(chunk, kInt32Max / 64 * 64)));
-  s.total_splits = batch * num_splits;
-  s.max_splits = num_splits;
+  s.kind = DecodeScheduleKind::kDevicePlanned;
+  s.device = {batch, s_q, num_heads, max_seq_len, num_parts, batch_invariant};
+  const WorkPlanBounds b = checked_bounds(s.device, "device_decode_schedule");
+  const int64_t tiles = std::max<int64_t>(1, key_tiles(max_seq_len));
+  s.total_splits = b.max_partials;
+  s.max_splits = batch == 0        ? 0
+                 : batch_invariant ? invariant_piece_target(tiles)
+                                   : std::min(num_parts, tiles);
   return s;
 }
 
 DecodeSchedule plan_decode_splits_cuda(int64_t batch, int64_t s_q, int64_t num_heads,
-                                       int64_t max_seq_len, Device device) {
-  require(device.is_cuda(), ErrorCode::kInvalidArgument,
-          "plan_decode_splits_cuda: device must be a CUDA device, got ", device_name(device));
+                                       int64_t max_seq_len, bool batch_invariant, Device device) {
+  constexpr const char* kOp = "plan_decode_splits_cuda";
+  require(device.is_cuda(), ErrorCode::kInvalidArgument, kOp,
+          ": device must be a CUDA device, got ", device_name(device));
+  require(s_q >= 1 && num_heads >= 1, ErrorCode::kInvalidArgument, kOp,
+          ": s_q and num_heads must be >= 1, got ", s_q, " and ", num_heads);
   int num_sms = 0;
   const cudaError_t status =
       cudaDeviceGetAttribute(&num_sms, cudaDevAttrMultiProcessorCount, device.index);
-  require(status == cudaSuccess, ErrorCode::kBackend,
-          "plan_decode_splits_cuda: cudaDeviceGetAttribute on ", device_name(device),
-          " failed: ", cudaGetErrorString(status));
-  const int64_t splits = decode_num_splits(batch, s_q * num_heads, max_seq_len, num_sms);
-  return uniform_decode_schedule(batch, splits, max_seq_len);
+  require(status == cudaSuccess, ErrorCode::kBackend, kOp, ": cudaDeviceGetAttribute on ",
+          device_name(device), " failed: ", cudaGetErrorString(status));
+  return device_decode_schedule(batch, s_q, num_heads, max_seq_len,
+                                decode_num_parts(s_q * num_heads, num_sms), batch_invariant);
+}
+
+DevicePlanSizes device_plan_sizes(const DecodeSchedule& schedule, int64_t rows, int64_t value_dim,
+                                  const char* op) {
+  require(
+      schedule.kind == DecodeScheduleKind::kDevicePlanned, ErrorCode::kInvalidArgument, op,
+      ": CUDA tensors need a device-planned schedule (plan it with plan_mla_decode for the CUDA "
+      "device), got a host-split schedule");
+  const DeviceDecodeSchedule& d = schedule.device;
+  DevicePlanSizes sizes;
+  sizes.bounds = checked_bounds(d, op);
+  require(rows == d.s_q * d.num_heads, ErrorCode::kInvalidArgument, op,
+          ": the schedule was planned for s_q ", d.s_q, " x num_heads ", d.num_heads, " = ",
+          d.s_q * d.num_heads, " query rows per request, got ", rows);
+  require(value_dim >= 0, ErrorCode::kInvalidArgument, op, ": kv_lora_rank must be >= 0, got ",
+          value_dim);
+  sizes.layout = workspace_layout(d.num_parts, sizes.bounds, rows, value_dim);
+  return sizes;
 }
 
 }  // namespace mlakit::cuda

@@ -7,9 +7,9 @@
 #include <cmath>
 #include <cstdint>
 
-#include "cuda/decode/schedule.hpp"
 #include "cuda/decode/sm90/combine.cuh"
 #include "cuda/decode/sm90/params.cuh"
+#include "cuda/decode/work_plan.hpp"
 
 namespace mlakit::cuda::decode_sm90 {
 
@@ -17,7 +17,7 @@ inline constexpr int kCombineCols = 512;  // V width
 inline constexpr int kGroupThreads =
     kCombineThreads / kCombineGroups;  // 128 threads x float4 = 512
 static_assert(kGroupThreads * 4 == kCombineCols, "a group's float4s cover one row");
-static_assert(kMaxDecodeSplits <= kCombineThreads, "one thread reads each split's LSE");
+static_assert(kMaxRequestSegments <= kCombineThreads, "one thread reads each segment's LSE");
 
 __device__ __forceinline__ void store4_converted(void* base, int64_t offset, RuntimeDType dtype,
                                                  float4 v) {
@@ -59,17 +59,22 @@ __device__ __forceinline__ float block_reduce(float v, bool is_max, float* scrat
 
 __global__ void __launch_bounds__(kCombineThreads)
     mla_decode_combine_kernel(const __grid_constant__ CombineParams p) {
-  __shared__ float weight[kCombineThreads];  // w_k of split k
+  __shared__ float weight[kCombineThreads];  // w_k of segment k
   __shared__ float scratch[kCombineThreads / 32];
   __shared__ float4 partial_sum[kGroupThreads];  // group 1's sums, added by group 0
 
   const int t = threadIdx.x;
-  const int b = static_cast<int>(blockIdx.x / p.rows), row = static_cast<int>(blockIdx.x % p.rows);
-  // Split k of this row: partial index (b * S + k) * rows + row.
-  const int64_t first = static_cast<int64_t>(b) * p.num_splits * p.rows + row;
+  const int split = static_cast<int>(blockIdx.x / p.rows);
+  const int row = static_cast<int>(blockIdx.x % p.rows);
+  if (split >= *p.num_split_requests) return;  // the grid is sized for the most split requests
+  // One 16-byte load of the record {request, first_slot, num_segments, -} (work_plan.hpp).
+  const int4 record = *reinterpret_cast<const int4*>(p.splits + split);
+  const int b = record.x, num_segments = record.z;
+  // Segment k of this row: partial index (first_slot + k) * rows + row.
+  const int64_t first = static_cast<int64_t>(record.y) * p.rows + row;
 
   const float l =
-      t < p.num_splits ? p.partial_lse[first + static_cast<int64_t>(t) * p.rows] : -INFINITY;
+      t < num_segments ? p.partial_lse[first + static_cast<int64_t>(t) * p.rows] : -INFINITY;
   const bool nan = __syncthreads_or(isnan(l)) != 0;
   const float m = block_reduce(l, /*is_max=*/true, scratch);
   const float w = (l == -INFINITY || m == -INFINITY || nan) ? 0.0f : expf(l - m);
@@ -79,9 +84,9 @@ __global__ void __launch_bounds__(kCombineThreads)
   const int group = t / kGroupThreads, c = t % kGroupThreads;
   float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
 #pragma unroll 8
-  for (int k = group; k < p.num_splits; k += kCombineGroups) {
+  for (int k = group; k < num_segments; k += kCombineGroups) {
     const float wk = weight[k];
-    if (wk != 0.0f) {  // -inf splits were not written
+    if (wk != 0.0f) {  // -inf segments were not written
       const float4 v = reinterpret_cast<const float4*>(
           p.partial_out + (first + static_cast<int64_t>(k) * p.rows) * kCombineCols)[c];
       acc.x += wk * v.x;

@@ -1,8 +1,9 @@
 // The sm90 absorbed-MQA decode kernel with mma.sync (docs/kernels/decode_sm90.md): every
 // configuration except 64 rows with a native 16-bit cache, which kernel_wgmma.cuh serves.
 //
-// One CTA = (request b, split k, tile of kBlockM query rows). Its keys are the k-th chunk of
-// round_up(ceil(seq_lens[b] / S), 64) keys, computed here from the device seq_len. Per 64-key tile:
+// One CTA = (part, tile of kBlockM query rows). It computes its part's segments of the work plan
+// (work_plan.hpp, written by the plan kernel) one after another; a segment is a range of 64-key
+// tiles of one request. Per 64-key tile:
 //   copy    cp.async of the 64 cache entries (page ids from the block table) into a ring stage,
 //           kTilesAhead tiles ahead; keys past the chunk are zero-filled, never read;
 //   convert (fp8 formats) raw entries -> a 16-bit tile in shared memory;
@@ -11,9 +12,10 @@
 //           a row through shared memory; P (16-bit) goes to shared memory;
 //   values  O = O * alpha + P V, V = the tile's first 512 columns (read once: warp w owns 64
 //           columns of every row).
-// The epilogue writes normalized O and the LSE to out / lse (S = 1) or to the split partials.
-// A block id outside [0, num_blocks) or a seq_len outside [0, max_seq_len] turns the rows of the
-// CTA into NaN (nothing is read out of bounds; the host cannot check device-resident indices).
+// The epilogue writes normalized O and the LSE to out / lse (the request's only segment) or to the
+// segment's partial slot. A block id outside [0, num_blocks) or a seq_len outside [0, max_seq_len]
+// turns the segment's rows into NaN (nothing is read out of bounds; the host cannot check
+// device-resident indices).
 #pragma once
 
 #include <cmath>
@@ -145,15 +147,14 @@ __device__ __forceinline__ void accumulate_values(uint32_t p_base, uint32_t v_ba
 
 // ---- the kernel --------------------------------------------------------------------------------
 
+// One segment of the CTA's work (make_work_item), from its first copy to its rows in out / lse or
+// in its partial slot. Starts with O, the running max and the row sums cleared.
 template <class Cfg>
-__global__ void __launch_bounds__(kThreads, 1)
-    mla_decode_sm90_kernel(const __grid_constant__ DecodeKernelParams p) {
-  extern __shared__ __align__(128) uint8_t smem[];
+__device__ __forceinline__ void decode_segment(const DecodeKernelParams& p, const WorkItem& w,
+                                               uint8_t* smem) {
   const int warp = static_cast<int>(threadIdx.x) >> 5, lane = static_cast<int>(threadIdx.x) & 31;
   const int g = lane >> 2, tq = lane & 3;  // MMA fragment row (0..7) and column pair (0..3)
   const int row_group = warp / Cfg::kKeyGroups, key_group = warp % Cfg::kKeyGroups;
-
-  const WorkItem w = make_work_item<Cfg>(p);
   bool bad = w.bad_seq_len;
 
   float* row_max_part = reinterpret_cast<float*>(smem + Cfg::kRowMaxOffset);  // [kKeyGroups][M]
@@ -323,6 +324,17 @@ __global__ void __launch_bounds__(kThreads, 1)
                    o[mt][nt][2 * h + 1] * sink.inv);
       }
     }
+  }
+}
+
+template <class Cfg>
+__global__ void __launch_bounds__(kThreads, 1)
+    mla_decode_sm90_kernel(const __grid_constant__ DecodeKernelParams p) {
+  extern __shared__ __align__(128) uint8_t smem[];
+  const CtaWork work = cta_work<Cfg>(p);
+  for (int segment = work.segment_begin; segment < work.segment_end; ++segment) {
+    if (segment > work.segment_begin) __syncthreads();  // the last one is done with shared memory
+    decode_segment<Cfg>(p, make_work_item<Cfg>(p, work.row0, segment), smem);
   }
 }
 

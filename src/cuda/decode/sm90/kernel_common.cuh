@@ -15,6 +15,7 @@
 #include "cuda/decode/sm90/params.cuh"
 #include "cuda/decode/sm90/ptx.cuh"
 #include "cuda/decode/sm90/traits.cuh"
+#include "cuda/decode/work_plan.hpp"
 
 namespace mlakit::cuda::decode_sm90 {
 
@@ -26,33 +27,48 @@ __device__ __forceinline__ int visible_end(int seq_len, int s_q, int j) {
   return min(max(seq_len - s_q + j + 1, 0), seq_len);
 }
 
-// The keys one CTA works on and its place in the batch.
+// The segments of this CTA: blockIdx.x = part * row_tiles + row tile (the row tiles of one part
+// run side by side, so the second read of each key tile hits L2); the part's segments are
+// [segment_begin, segment_end) of the plan.
+struct CtaWork {
+  int row0;  // first query row of the CTA's row tile
+  int segment_begin, segment_end;
+};
+
+template <class Cfg>
+__device__ __forceinline__ CtaWork cta_work(const DecodeKernelParams& p) {
+  const int cta = static_cast<int>(blockIdx.x);
+  const int part = cta / p.row_tiles;
+  return {(cta % p.row_tiles) * Cfg::kBlockM, p.part_begin[part], p.part_begin[part + 1]};
+}
+
+// The keys one CTA works on in one segment and its place in the batch.
 struct WorkItem {
-  int batch_index, split, row0;
-  int key_begin;  // first key of the split
-  int key_end;    // end of the split (<= seq_len)
+  int batch_index, row0;
+  int slot;       // partial slot of the segment; < 0: the request's only segment (out and lse)
+  int key_begin;  // first key of the segment (a multiple of 64)
+  int key_end;    // end of the segment (<= seq_len)
   int cta_end;    // min(key_end, keys the CTA's last row sees): keys past it are never loaded
   int num_tiles;
   int seq_len;
   bool bad_seq_len;
 };
 
+// Segment `segment` of the plan for the CTA's row tile starting at row0.
 template <class Cfg>
-__device__ __forceinline__ WorkItem make_work_item(const DecodeKernelParams& p) {
+__device__ __forceinline__ WorkItem make_work_item(const DecodeKernelParams& p, int row0,
+                                                   int segment) {
+  // One 16-byte load of the record {request, key_begin, key_end, slot} (work_plan.hpp).
+  const int4 record = *reinterpret_cast<const int4*>(p.segments + segment);
   WorkItem w;
-  int cta = static_cast<int>(blockIdx.x);
-  w.row0 = (cta % p.row_tiles) * Cfg::kBlockM;
-  cta /= p.row_tiles;
-  w.split = cta % p.num_splits;
-  w.batch_index = cta / p.num_splits;
+  w.batch_index = record.x;
+  w.row0 = row0;
+  w.slot = record.w;
   const int raw_len = p.seq_lens[w.batch_index * p.seq_lens_stride];
-  w.bad_seq_len = raw_len < 0 || raw_len > p.max_seq_len;
+  w.bad_seq_len = !seq_len_is_valid(raw_len, p.max_seq_len);
   w.seq_len = w.bad_seq_len ? 0 : raw_len;
-  const int per_split = (w.seq_len + p.num_splits - 1) / p.num_splits;
-  const int chunk = (per_split + kBlockN - 1) / kBlockN * kBlockN;
-  // split * chunk < 2^31: chunk <= seq_len / S + 64 and the host caps max_seq_len at 2^31 - 2^14.
-  w.key_begin = min(w.split * chunk, w.seq_len);
-  w.key_end = min(w.key_begin + chunk, w.seq_len);
+  w.key_begin = min(record.y, w.seq_len);
+  w.key_end = min(record.z, w.seq_len);
   const int last_row = min(w.row0 + Cfg::kBlockM, p.rows) - 1;
   w.cta_end = min(w.key_end, visible_end(w.seq_len, p.s_q, last_row / p.num_heads));
   w.num_tiles = w.cta_end > w.key_begin ? (w.cta_end - w.key_begin + kBlockN - 1) / kBlockN : 0;
@@ -258,7 +274,7 @@ __device__ __forceinline__ void store_pair(void* base, int64_t offset, RuntimeDT
 // one thread then records it in the device error word.
 __device__ __forceinline__ bool cta_saw_bad_index(const DecodeKernelParams& p, bool bad) {
   const bool any = __syncthreads_or(bad) != 0;
-  if (any && threadIdx.x == 0) report_bad_index(p.error_word);
+  if (any && threadIdx.x == 0) report_device_error(p.error_word, kDecodeBadIndex);
   return any;
 }
 
@@ -285,16 +301,15 @@ __device__ __forceinline__ RowSink finish_row(const DecodeKernelParams& p, const
     inv = 0.0f;  // no visible key: out 0, lse -inf
     lse = -INFINITY;
   }
-  const bool direct = p.num_splits == 1;
+  const bool direct = w.slot < 0;
   const int j = row / p.num_heads, n = row % p.num_heads;
-  const int64_t split_row =
-      (static_cast<int64_t>(w.batch_index) * p.num_splits + w.split) * p.rows + row;
+  const int64_t partial_row = static_cast<int64_t>(w.slot) * p.rows + row;
   if (write_lse) {
     if (direct) {
       p.lse[w.batch_index * p.lse_stride_batch + j * p.lse_stride_query + n * p.lse_stride_head] =
           lse;
     } else {
-      p.partial_lse[split_row] = lse;
+      p.partial_lse[partial_row] = lse;
     }
   }
   RowSink sink{nullptr, 0, RuntimeDType::kF32, inv};
@@ -305,7 +320,7 @@ __device__ __forceinline__ RowSink finish_row(const DecodeKernelParams& p, const
     sink.dtype = p.out_dtype;
   } else if (lse != -INFINITY) {
     sink.base = p.partial_out;
-    sink.offset = split_row * kDimV;
+    sink.offset = partial_row * kDimV;
   }
   return sink;
 }

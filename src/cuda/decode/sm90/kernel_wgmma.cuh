@@ -3,7 +3,8 @@
 // online softmax and outputs are kernel.cuh's (kernel_common.cuh); the two products run on wgmma,
 // which reads both operands from shared memory once per warpgroup instead of once per warp.
 //
-// CTA = 2 warpgroups (256 threads), per 64-key tile t:
+// CTA = 2 warpgroups (256 threads) computing its part's segments of the work plan one after
+// another (kernel.cuh); per 64-key tile t of a segment:
 //   copy    cp.async of tile t + 1 into the other stage, straight into the SW128 operand layout;
 //   scores  S = q K^T: warpgroup g computes keys [32 g, 32 g + 32) of all 64 rows with 36 wgmma
 //           m64n32k16 (q and K K-major in shared memory), f32 accumulators in registers;
@@ -75,20 +76,17 @@ __device__ __forceinline__ auto rows_by_columns(Frag&& t) {
                                            make_layout(get<0, 0>(l), get<0, 2>(l), get<2>(l))));
 }
 
+// One segment of the CTA's work (make_work_item), as in kernel.cuh's decode_segment. `smem`: the
+// dynamic shared memory rounded up to kBaseAlignment.
 template <class Cfg>
-__global__ void __launch_bounds__(kThreads, 1)
-    mla_decode_sm90_wgmma_kernel(const __grid_constant__ DecodeKernelParams p) {
+__device__ __forceinline__ void decode_segment_wgmma(const DecodeKernelParams& p, const WorkItem& w,
+                                                     uint8_t* smem) {
   using namespace cute;
   using L = WgmmaLayouts<Cfg>;
   using T = typename L::T;
-  extern __shared__ __align__(1024) uint8_t smem_raw[];
-  uint8_t* const smem =
-      smem_raw + (-static_cast<int>(smem_addr(smem_raw)) & (Cfg::kBaseAlignment - 1));
   const int tid = static_cast<int>(threadIdx.x);
   const int warpgroup = tid / 128;
   const bool quad_leader = (tid & 3) == 0;  // the 4 lanes of a quad hold the same two rows
-
-  const WorkItem w = make_work_item<Cfg>(p);
   bool bad = w.bad_seq_len;
 
   float* row_max_part = reinterpret_cast<float*>(smem + Cfg::kRowMaxOffset);  // [2][64]
@@ -212,6 +210,19 @@ __global__ void __launch_bounds__(kThreads, 1)
       store_pair(sink.base, sink.offset + get<1>(o_coord(h, j)), sink.dtype, o(h, j) * sink.inv,
                  o(h, j + 1) * sink.inv);
     }
+  }
+}
+
+template <class Cfg>
+__global__ void __launch_bounds__(kThreads, 1)
+    mla_decode_sm90_wgmma_kernel(const __grid_constant__ DecodeKernelParams p) {
+  extern __shared__ __align__(1024) uint8_t smem_raw[];
+  uint8_t* const smem =
+      smem_raw + (-static_cast<int>(smem_addr(smem_raw)) & (Cfg::kBaseAlignment - 1));
+  const CtaWork work = cta_work<Cfg>(p);
+  for (int segment = work.segment_begin; segment < work.segment_end; ++segment) {
+    if (segment > work.segment_begin) __syncthreads();  // the last one is done with shared memory
+    decode_segment_wgmma<Cfg>(p, make_work_item<Cfg>(p, work.row0, segment), smem);
   }
 }
 

@@ -1,5 +1,5 @@
 // Host side of the sm90 decode: CUDA-specific checks, kernel arguments, the configuration choice
-// and the grids (decode, then combine when a request has more than one split).
+// and the grids (plan, decode, then combine when the schedule can split a request).
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -14,10 +14,12 @@
 #include "cuda/decode/sm90/instantiations.cuh"
 #include "cuda/decode/sm90/launch_plan.hpp"
 #include "cuda/decode/sm90/params.cuh"
+#include "cuda/decode/sm90/plan.cuh"
 #include "cuda/decode/sm90/ptx.cuh"
 #include "cuda/decode/sm90/traits.cuh"
 #include "cuda/decode/sm90/traits_wgmma.cuh"
 #include "cuda/decode/tile_shape.hpp"
+#include "cuda/decode/work_plan.hpp"
 #include "mlakit/kv_cache.hpp"
 
 namespace mlakit::cuda {
@@ -29,8 +31,8 @@ namespace {
 
 constexpr const char* kOp = "mla_decode";
 constexpr int64_t kInt32Max = std::numeric_limits<int32_t>::max();
-// Longest seq_len the kernel accepts: int32 key arithmetic keeps 2^14 of headroom for the
-// round-up of split chunks (at most 64 keys per split, kMaxDecodeSplits = 256 splits).
+// Longest seq_len the kernel accepts: int32 key positions run up to a tile (64 keys) past a
+// segment's end; 2^14 keeps ample headroom below 2^31.
 constexpr int64_t kMaxSeqLen = kInt32Max - (int64_t{1} << 14);
 
 void check_cuda(cudaError_t status, const char* what) {
@@ -75,7 +77,8 @@ bool rows_16b_aligned(const TensorView& t, int dims) {
   return true;
 }
 
-void check_supported(const DecodeProblem& pr, const DecodeSchedule& schedule) {
+// The CUDA-specific checks; returns the work plan's sizes.
+DevicePlanSizes check_supported(const DecodeProblem& pr, const DecodeSchedule& schedule) {
   require(pr.kv_lora_rank == kDimV && pr.entry_dim == kDimQK, ErrorCode::kUnsupported, kOp,
           ": the CUDA kernel supports kv_lora_rank 512 with qk_rope_head_dim 64 (576-wide "
           "entries), got ",
@@ -85,34 +88,36 @@ void check_supported(const DecodeProblem& pr, const DecodeSchedule& schedule) {
             ": the CUDA kernel reads f16 or bf16 caches for kv_cache_dtype auto, got ",
             dtype_name(pr.kv_cache.dtype));
   }
-  const int64_t batch = pr.q.size(0), s = schedule.max_splits;
-  require(s >= 1 && s <= kMaxDecodeSplits, ErrorCode::kInvalidArgument, kOp,
-          ": on CUDA, schedule.max_splits is the uniform split count and must be in [1, ",
-          kMaxDecodeSplits, "], got ", s, " (plan with plan_decode_splits_cuda)");
-  for (int64_t b = 0; b < batch; ++b) {
-    require(schedule.num_splits(b) == s, ErrorCode::kInvalidArgument, kOp,
-            ": on CUDA the schedule must be uniform (every request max_splits = ", s,
-            " splits; plan with plan_decode_splits_cuda), but request ", b, " has ",
-            schedule.num_splits(b));
-  }
+  const int64_t batch = pr.q.size(0), s_q = pr.q.size(1), heads = pr.q.size(2);
+  const DevicePlanSizes sizes = device_plan_sizes(schedule, s_q * heads, kDimV, kOp);
+  const DeviceDecodeSchedule& d = schedule.device;
+  require(d.batch == batch && d.s_q == s_q && d.num_heads == heads, ErrorCode::kInvalidArgument,
+          kOp, ": the schedule was planned for batch ", d.batch, ", s_q ", d.s_q, ", num_heads ",
+          d.num_heads, " but q has batch ", batch, ", s_q ", s_q, ", num_heads ", heads,
+          " (plan with plan_mla_decode for this shape)");
   require(rows_16b_aligned(pr.kv_cache, 2), ErrorCode::kInvalidArgument, kOp,
           ": on CUDA, kv_cache entries must start on 16-byte boundaries (data pointer and the "
           "block and slot strides in bytes multiples of 16)");
   require(rows_16b_aligned(pr.out, 3), ErrorCode::kInvalidArgument, kOp,
           ": on CUDA, rows of out must start on 16-byte boundaries (data pointer and strides of "
           "dims 0-2 in bytes multiples of 16)");
-  require(s == 1 || reinterpret_cast<uintptr_t>(pr.workspace) % 16 == 0,
+  require(batch == 0 || reinterpret_cast<uintptr_t>(pr.workspace) % 16 == 0,
           ErrorCode::kInvalidArgument, kOp,
           ": on CUDA, split_workspace must start on a 16-byte boundary");
-  const int64_t rows = pr.q.size(1) * pr.q.size(2);
-  const int64_t ctas = batch * s * ((rows + kDecodeRowsSmall - 1) / kDecodeRowsSmall);
-  require(ctas <= kInt32Max && batch * rows <= kInt32Max, ErrorCode::kUnsupported, kOp,
-          ": batch x splits x row tiles and batch x s_q x N must fit in one grid (2^31 - 1 CTAs), "
-          "got batch ",
-          batch, ", ", s, " splits, ", rows, " rows per request");
+  const int64_t rows = s_q * heads;
+  const int64_t row_tiles = (rows + kDecodeRowsSmall - 1) / kDecodeRowsSmall;
+  require(
+      d.num_parts * row_tiles <= kInt32Max && sizes.bounds.max_split_requests * rows <= kInt32Max,
+      ErrorCode::kUnsupported, kOp,
+      ": parts x row tiles and split requests x s_q x N must fit in one grid (2^31 - 1 CTAs), "
+      "got ",
+      d.num_parts, " parts, ", sizes.bounds.max_split_requests, " split requests, ", rows,
+      " rows per request");
+  return sizes;
 }
 
-DecodeKernelParams make_params(const DecodeProblem& pr, int64_t splits) {
+DecodeKernelParams make_params(const DecodeProblem& pr, const DecodeSchedule& schedule,
+                               const WorkspaceLayout& layout) {
   DecodeKernelParams k{};
   const TensorView &q = pr.q, &cache = pr.kv_cache, &bt = pr.block_table, &out = pr.out,
                    &lse = pr.lse;
@@ -135,8 +140,8 @@ DecodeKernelParams make_params(const DecodeProblem& pr, int64_t splits) {
   k.seq_lens = static_cast<const int32_t*>(pr.seq_lens.data);
   k.seq_lens_stride = pr.seq_lens.strides[0];
   const int64_t width = bt.size(1), block_size = cache.size(1);
-  k.max_seq_len =
-      static_cast<int32_t>(width > kMaxSeqLen / block_size ? kMaxSeqLen : width * block_size);
+  const int64_t table_len = width > kMaxSeqLen / block_size ? kMaxSeqLen : width * block_size;
+  k.max_seq_len = static_cast<int32_t>(std::min(table_len, schedule.device.max_seq_len));
 
   k.out = out.data;
   k.out_stride_batch = out.strides[0];
@@ -148,21 +153,45 @@ DecodeKernelParams make_params(const DecodeProblem& pr, int64_t splits) {
   k.lse_stride_query = lse.strides[1];
   k.lse_stride_head = lse.strides[2];
 
+  float* const ws = pr.workspace;
+  k.part_begin = reinterpret_cast<const int32_t*>(ws + layout.part_begin);
+  k.segments = reinterpret_cast<const SegmentRecord*>(ws + layout.segments);
+  k.partial_out = ws + layout.partial_out;
+  k.partial_lse = ws + layout.partial_lse;
+
   k.batch = static_cast<int32_t>(q.size(0));
   k.s_q = static_cast<int32_t>(q.size(1));
   k.num_heads = static_cast<int32_t>(q.size(2));
   k.rows = k.s_q * k.num_heads;
   k.row_tiles = static_cast<int32_t>((k.rows + decode_rows_per_cta(k.rows) - 1) /
                                      decode_rows_per_cta(k.rows));
-  k.num_splits = static_cast<int32_t>(splits);
-  const int64_t partial_rows = static_cast<int64_t>(k.batch) * splits * k.rows;
-  k.partial_out = pr.workspace;
-  k.partial_lse = splits > 1 ? pr.workspace + partial_rows * kDimV : nullptr;
+  k.num_parts = static_cast<int32_t>(schedule.device.num_parts);
 
   constexpr float kLog2e = 1.4426950408889634f;
   k.score_scale_log2 = pr.score_scale * kLog2e;
   k.value_scale = pr.value_scale;
   return k;
+}
+
+// The plan kernel's arguments: it reads what the decode reads and writes the workspace regions the
+// decode and the combine read.
+PlanParams make_plan_params(const DecodeKernelParams& k, const DecodeSchedule& schedule,
+                            const DevicePlanSizes& sizes, float* workspace) {
+  PlanParams p{};
+  p.seq_lens = k.seq_lens;
+  p.seq_lens_stride = k.seq_lens_stride;
+  p.batch = k.batch;
+  p.max_seq_len = k.max_seq_len;
+  p.num_parts = k.num_parts;
+  p.batch_invariant = schedule.device.batch_invariant;
+  p.bounds = sizes.bounds;
+  const WorkspaceLayout& l = sizes.layout;
+  p.header = reinterpret_cast<int32_t*>(workspace);
+  p.part_begin = reinterpret_cast<int32_t*>(workspace + l.part_begin);
+  p.segments = reinterpret_cast<SegmentRecord*>(workspace + l.segments);
+  p.segment_part = reinterpret_cast<int32_t*>(workspace + l.segment_part);
+  p.splits = reinterpret_cast<SplitRecord*>(workspace + l.splits);
+  return p;
 }
 
 template <CacheFormat kFormat, class Element>
@@ -192,14 +221,14 @@ void launch_for_format(const LaunchPlan& plan, cudaStream_t stream) {
 namespace decode_sm90 {
 
 LaunchPlan plan_launch(const DecodeProblem& problem, const DecodeSchedule& schedule) {
-  check_supported(problem, schedule);
+  const DevicePlanSizes sizes = check_supported(problem, schedule);
   LaunchPlan plan;
   const int64_t batch = problem.q.size(0), rows = problem.q.size(1) * problem.q.size(2);
   if (batch == 0 || rows == 0) return plan;
-  const int64_t splits = schedule.max_splits;
-  plan.decode = make_params(problem, splits);
+  plan.decode = make_params(problem, schedule, sizes.layout);
+  plan.plan = make_plan_params(plan.decode, schedule, sizes, problem.workspace);
   plan.rows_per_cta = static_cast<int>(decode_rows_per_cta(rows));
-  plan.decode_ctas = batch * splits * plan.decode.row_tiles;
+  plan.decode_ctas = schedule.device.num_parts * plan.decode.row_tiles;
   // The MMA element type: the cache's own for 16-bit caches, the rope dtype for fp8_ds_mla (its
   // rope values are copied as stored), and for fp8_e4m3 f16 unless q is bf16 or f32 (e4m3 -> f16
   // is one exact instruction; a bf16 or f32 q keeps bf16's range).
@@ -217,11 +246,13 @@ LaunchPlan plan_launch(const DecodeProblem& problem, const DecodeSchedule& sched
       plan.bf16_mma = problem.rope_dtype == DType::kBF16;
       break;
   }
-  if (splits > 1) {
+  if (sizes.bounds.max_split_requests > 0) {
     const DecodeKernelParams& k = plan.decode;
     CombineParams& c = plan.combine;
     c.partial_out = k.partial_out;
     c.partial_lse = k.partial_lse;
+    c.splits = plan.plan.splits;
+    c.num_split_requests = plan.plan.header + kHeaderSplitRequests;
     c.out = k.out;
     c.out_stride_batch = k.out_stride_batch;
     c.out_stride_query = k.out_stride_query;
@@ -231,11 +262,9 @@ LaunchPlan plan_launch(const DecodeProblem& problem, const DecodeSchedule& sched
     c.lse_stride_batch = k.lse_stride_batch;
     c.lse_stride_query = k.lse_stride_query;
     c.lse_stride_head = k.lse_stride_head;
-    c.batch = k.batch;
     c.num_heads = k.num_heads;
     c.rows = k.rows;
-    c.num_splits = k.num_splits;
-    plan.combine_ctas = batch * rows;  // one CTA per (request, row)
+    plan.combine_ctas = sizes.bounds.max_split_requests * rows;  // one CTA per (request, row)
   }
   return plan;
 }
@@ -246,8 +275,10 @@ void mla_decode(const DecodeProblem& problem, const DecodeSchedule& schedule, St
   LaunchPlan plan = plan_launch(problem, schedule);
   if (plan.decode_ctas == 0) return;
   DeviceGuard guard(problem.q.device.index);
-  plan.decode.error_word = device_error_word(kOp);
+  plan.decode.error_word = plan.plan.error_word = device_error_word(kOp);
   const auto cuda_stream = static_cast<cudaStream_t>(stream.handle);
+  launch_plan_kernel(plan.plan, cuda_stream);
+  check_cuda(cudaGetLastError(), "plan kernel launch");
   switch (plan.format) {
     case CacheFormat::kNative:
       launch_for_format<CacheFormat::kNative>(plan, cuda_stream);

@@ -1,6 +1,7 @@
-// Host-side plan of one decode launch: the CUDA-specific checks, the kernel arguments, the
-// configuration (cache format, MMA element type, rows per CTA) and the grids. launch.cu launches
-// it; tests/cuda/decode_emulated_test.cpp runs it through the kernel source on the CPU.
+// Host-side plan of one decode launch: the CUDA-specific checks, the arguments of the plan, decode
+// and combine kernels, the configuration (cache format, MMA element type, rows per CTA) and the
+// grids. launch.cu launches it; tests/cuda/decode_emulated_test.cpp runs it through the kernel
+// source on the CPU.
 #pragma once
 
 #include <cstdint>
@@ -11,14 +12,17 @@
 
 namespace mlakit::cuda::decode_sm90 {
 
+// Launch order on the caller's stream: the plan kernel (one CTA), the decode kernel, then the
+// combine when the schedule can split a request.
 struct LaunchPlan {
+  PlanParams plan;
   DecodeKernelParams decode;
-  CombineParams combine;  // used when decode.num_splits > 1
+  CombineParams combine;  // used when combine_ctas > 0
   CacheFormat format;
   bool bf16_mma = true;      // MMA element type: bf16, else f16
   int rows_per_cta = 16;     // 16 or 64 (tile_shape.hpp)
-  int64_t decode_ctas = 0;   // 1-D grid of the decode kernel; 0: nothing to do
-  int64_t combine_ctas = 0;  // 1-D grid of the combine kernel; 0: one split, no combine
+  int64_t decode_ctas = 0;   // 1-D grid of the decode kernel (parts x row tiles); 0: nothing to do
+  int64_t combine_ctas = 0;  // 1-D grid of the combine (max split requests x rows); 0: no combine
 };
 
 // Throws kUnsupported / kInvalidArgument for what the kernel cannot serve (cuda/decode/decode.hpp).

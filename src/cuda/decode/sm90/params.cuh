@@ -4,6 +4,8 @@
 
 #include <cstdint>
 
+#include "cuda/decode/work_plan.hpp"
+
 namespace mlakit::cuda::decode_sm90 {
 
 // Element types the kernels read or write at run time (q, out); the cache's are compile-time.
@@ -32,7 +34,7 @@ struct DecodeKernelParams {
   int64_t block_table_stride_batch, block_table_stride_col;
   const int32_t* seq_lens;
   int64_t seq_lens_stride;
-  int32_t max_seq_len;  // min(max_blocks * block_size, 2^31 - 1): longer seq_lens are invalid
+  int32_t max_seq_len;  // min(max_blocks * block_size, the schedule's bound): longer ones are bad
 
   // out: [B, s_q, N, 512] out_dtype; lse: f32 [B, s_q, N]
   void* out;
@@ -41,17 +43,20 @@ struct DecodeKernelParams {
   float* lse;
   int64_t lse_stride_batch, lse_stride_query, lse_stride_head;
 
-  // Split partials (used when num_splits > 1), in the caller's f32 workspace:
-  // partial_out: [B, num_splits, rows, 512] (normalized), partial_lse: [B, num_splits, rows]
-  float* partial_out;
-  float* partial_lse;
+  // The work plan (written by the plan kernel into the workspace; work_plan.hpp): CTA
+  // (part, row tile) computes the segments [part_begin[part], part_begin[part + 1]).
+  const int32_t* part_begin;      // [num_parts + 1]
+  const SegmentRecord* segments;  // [max_segments]
+  // Partial results of the segments of split requests, in the caller's f32 workspace:
+  float* partial_out;  // [max_partials, rows, 512] (normalized)
+  float* partial_lse;  // [max_partials, rows]
 
   int32_t batch;
   int32_t s_q;
   int32_t num_heads;
-  int32_t rows;        // s_q * num_heads: query rows per request
-  int32_t row_tiles;   // ceil(rows / kBlockM): CTAs per (request, split)
-  int32_t num_splits;  // uniform split count S
+  int32_t rows;       // s_q * num_heads: query rows per request
+  int32_t row_tiles;  // ceil(rows / kBlockM): CTAs per part
+  int32_t num_parts;  // P: the grid is num_parts x row_tiles CTAs
 
   float score_scale_log2;  // softmax scale * q_scale (fp8 q) * k_scale (fp8_e4m3) * log2(e)
   float value_scale;       // k_scale for fp8_e4m3 caches, else 1
@@ -62,17 +67,38 @@ struct DecodeKernelParams {
 };
 
 struct CombineParams {
-  const float* partial_out;  // [B, num_splits, rows, 512]
-  const float* partial_lse;  // [B, num_splits, rows]
-  void* out;                 // [B, s_q, N, 512]
+  const float* partial_out;           // [max_partials, rows, 512]
+  const float* partial_lse;           // [max_partials, rows]
+  const SplitRecord* splits;          // [max_split_requests]; the first *num_split_requests are set
+  const int32_t* num_split_requests;  // the plan's count of split requests (in its header)
+  void* out;                          // [B, s_q, N, 512]
   int64_t out_stride_batch, out_stride_query, out_stride_head;
   RuntimeDType out_dtype;
   float* lse;  // f32 [B, s_q, N]
   int64_t lse_stride_batch, lse_stride_query, lse_stride_head;
-  int32_t batch;
   int32_t num_heads;
   int32_t rows;
-  int32_t num_splits;
+};
+
+// The plan kernel (plan_kernel.cuh): reads seq_lens, writes the work plan into the workspace.
+struct PlanParams {
+  const int32_t* seq_lens;  // i32 [B]
+  int64_t seq_lens_stride;
+  int32_t batch;
+  int32_t max_seq_len;  // the decode kernel's bound: a longer seq_len is planned as empty
+  int32_t num_parts;
+  bool batch_invariant;
+  WorkPlanBounds bounds;  // capacities of the regions below
+
+  int32_t* header;          // [kHeaderWords]: the counts (WorkPlanHeader)
+  int32_t* part_begin;      // [num_parts + 1]
+  SegmentRecord* segments;  // [bounds.max_segments]
+  int32_t* segment_part;    // [bounds.max_segments]
+  SplitRecord* splits;      // [bounds.max_split_requests]
+
+  // Set to kDecodePlanOverflow if the plan ever exceeded its bounds (a library bug; the excess is
+  // not written).
+  uint32_t* error_word;
 };
 
 }  // namespace mlakit::cuda::decode_sm90

@@ -16,9 +16,9 @@
 
 namespace mlakit::cuda::decode_sm90 {
 
-// Records in the device error word that a CTA met a bad seq_len or block id.
-__device__ __forceinline__ void report_bad_index(uint32_t* error_word) {
-  atomicOr(error_word, kDecodeBadIndex);
+// Sets `bit` (a DeviceErrorBit) in the device error word.
+__device__ __forceinline__ void report_device_error(uint32_t* error_word, uint32_t bit) {
+  atomicOr(error_word, bit);
 }
 
 __device__ __forceinline__ uint32_t smem_addr(const void* p) {
