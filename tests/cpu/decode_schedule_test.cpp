@@ -130,10 +130,34 @@ TEST(PlanDecodeSplits, BatchInvariantSplitsDependOnTheRequestOnly) {
       EXPECT_EQ(inside.num_splits(static_cast<int64_t>(at)), alone.num_splits(0));
       if (mine > 0) {
         EXPECT_EQ(inside.split_len[at], alone.split_len[0]);
-        // Pieces of at most 1024 keys rounded up to a block.
-        EXPECT_LE(alone.split_len[0], (1024 + bs - 1) / bs * bs);
+        // Pieces of at most max(1024, ceil(len / 16)) keys rounded up to a block: at most 16.
+        const int64_t piece = std::max<int64_t>(1024, (mine + 15) / 16);
+        EXPECT_LE(alone.split_len[0], (piece + bs - 1) / bs * bs);
+        EXPECT_LE(alone.num_splits(0), 16);
       }
     }
+  }
+}
+
+// max_decode_splits bounds every schedule of at most `batch` requests of at most max_seq_len keys
+// (the workspace of an engine's worst step is sized with it).
+TEST(PlanDecodeSplits, MaxDecodeSplitsBoundsEverySchedule) {
+  auto rng = test::make_rng(3);
+  std::uniform_int_distribution<int> batch_dist(1, 64), workers_dist(1, 64), coin(0, 1);
+  for (int iter = 0; iter < 2000; ++iter) {
+    const int64_t bs = std::vector<int64_t>{1, 16, 64, 100}[iter % 4];
+    const int32_t max_len = std::uniform_int_distribution<int32_t>(1, 40000)(rng);
+    const int64_t workers = workers_dist(rng);
+    const bool invariant = coin(rng);
+    std::vector<int32_t> lens(batch_dist(rng));
+    const bool all_max = coin(rng);  // the extreme batch, or random lengths
+    for (int32_t& len : lens)
+      len = all_max ? max_len : std::uniform_int_distribution<int32_t>(0, max_len)(rng);
+    const DecodeSchedule s = plan_decode_splits(lens, bs, workers, invariant);
+    EXPECT_LE(s.total_splits, max_decode_splits(static_cast<int64_t>(lens.size()), max_len, bs,
+                                                workers, invariant))
+        << "bs " << bs << " max_len " << max_len << " workers " << workers << " invariant "
+        << invariant;
   }
 }
 
