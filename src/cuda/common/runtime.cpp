@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <mutex>
+#include <tuple>
 #include <vector>
 
 #include "core/check.hpp"
@@ -49,6 +50,19 @@ DeviceGuard::DeviceGuard(Device device, const char* op) {
 
 DeviceGuard::~DeviceGuard() {
   if (switched_) cudaSetDevice(previous_);
+}
+
+void set_max_dynamic_smem(const void* kernel, int bytes, const char* op) {
+  static std::mutex mutex;
+  static std::vector<std::tuple<const void*, int, int>> done;  // (kernel, device, bytes)
+  const int device = current_device();
+  std::lock_guard<std::mutex> lock(mutex);
+  for (const auto& [k, d, b] : done) {
+    if (k == kernel && d == device && b >= bytes) return;
+  }
+  check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes), op,
+             "cudaFuncSetAttribute(max dynamic shared memory)");
+  done.emplace_back(kernel, device, bytes);
 }
 
 int multiprocessor_count(const char* op) {

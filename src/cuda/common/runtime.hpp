@@ -38,6 +38,11 @@ class DeviceGuard {
   bool switched_ = false;
 };
 
+// Raises `kernel`'s dynamic shared-memory limit to `bytes` on the current device, once per (kernel,
+// device): later calls cost a lookup instead of a driver call on every launch. Not a stream
+// operation (graph-capture safe).
+void set_max_dynamic_smem(const void* kernel, int bytes, const char* op);
+
 // Streaming multiprocessors of the current device (cached per device; read once).
 int multiprocessor_count(const char* op);
 

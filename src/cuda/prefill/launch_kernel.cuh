@@ -26,8 +26,7 @@ void launch(Kernel kernel, const PrefillParams& p, int64_t heads, int block_rows
   const dim3 grid(static_cast<unsigned>(query_tiles), static_cast<unsigned>(heads),
                   static_cast<unsigned>(p.batch + 1));
   // Above 48 KiB a block needs the opt-in limit (not a stream operation: graph-capture safe).
-  check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes),
-             kPrefillOp, "cudaFuncSetAttribute(prefill_kernel)");
+  set_max_dynamic_smem(reinterpret_cast<const void*>(kernel), smem_bytes, kPrefillOp);
   kernel<<<grid, threads, smem_bytes, stream>>>(p);
   check_launch(kPrefillOp, "prefill_kernel");
 }

@@ -8,6 +8,7 @@
 
 #include "core/check.hpp"
 #include "cuda/common/device_errors.hpp"
+#include "cuda/common/runtime.hpp"
 #include "cuda/decode/decode.hpp"
 #include "cuda/decode/schedule.hpp"
 #include "cuda/decode/sm90/combine.cuh"
@@ -39,21 +40,6 @@ void check_cuda(cudaError_t status, const char* what) {
   require(status == cudaSuccess, ErrorCode::kBackend, kOp, ": ", what,
           " failed: ", cudaGetErrorString(status));
 }
-
-// Makes the tensors' device current for the launch and restores the caller's.
-class DeviceGuard {
- public:
-  explicit DeviceGuard(int device) {
-    check_cuda(cudaGetDevice(&previous_), "cudaGetDevice");
-    check_cuda(cudaSetDevice(device), "cudaSetDevice");
-  }
-  ~DeviceGuard() { cudaSetDevice(previous_); }
-  DeviceGuard(const DeviceGuard&) = delete;
-  DeviceGuard& operator=(const DeviceGuard&) = delete;
-
- private:
-  int previous_ = 0;
-};
 
 RuntimeDType runtime_dtype(DType dtype) {
   switch (dtype) {
@@ -274,7 +260,7 @@ LaunchPlan plan_launch(const DecodeProblem& problem, const DecodeSchedule& sched
 void mla_decode(const DecodeProblem& problem, const DecodeSchedule& schedule, Stream stream) {
   LaunchPlan plan = plan_launch(problem, schedule);
   if (plan.decode_ctas == 0) return;
-  DeviceGuard guard(problem.q.device.index);
+  DeviceGuard guard(problem.q.device, kOp);
   plan.decode.error_word = plan.plan.error_word = device_error_word(kOp);
   const auto cuda_stream = static_cast<cudaStream_t>(stream.handle);
   launch_plan_kernel(plan.plan, cuda_stream);

@@ -5,6 +5,7 @@
 
 #include <cuda_runtime.h>
 
+#include "cuda/common/runtime.hpp"
 #include "cuda/decode/sm90/instantiations.cuh"
 #include "cuda/decode/sm90/kernel.cuh"
 
@@ -13,7 +14,7 @@ namespace mlakit::cuda::decode_sm90 {
 template <class Cfg, class Kernel>
 void launch_with_smem(Kernel kernel, const DecodeKernelParams& params, dim3 grid,
                       cudaStream_t stream) {
-  cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemBytes);
+  set_max_dynamic_smem(reinterpret_cast<const void*>(kernel), Cfg::kSmemBytes, "mla_decode");
   kernel<<<grid, kThreads, Cfg::kSmemBytes, stream>>>(params);
 }
 
