@@ -57,6 +57,12 @@ constexpr BitMessage kMessages[] = {
     {kDecodeBadIndex,
      "mla_decode: a seq_lens value was outside [0, block_table width * block_size] or a "
      "block_table entry it needed was not a block id in [0, num_blocks) (those rows are NaN)"},
+    {kGatherRowOutOfRange,
+     "gather_rows_and_maybe_dequant: a row_index value was not a row of src (that row was "
+     "skipped)"},
+    {kDcpSlotBadIndex,
+     "dcp_slot_mapping: a token_to_req value was not a block_table row, or its local position "
+     "needed a block column beyond the table or a negative block id (that token got slot -1)"},
 };
 
 struct Symbols {
