@@ -169,7 +169,7 @@ void check_device_errors(Device device, Stream stream = {});
 void batched_matmul(const TensorView& a, const TensorView& w, const TensorView& c,
                     Stream stream = {});
 
-// ---- Decode context parallelism (spec A.3, A.9, B.7, C.6; docs/dcp.md) ---------------------------
+// ---- Decode context parallelism (spec A.3, A.9, B.7, C.6; docs/dcp.md) --------------------------
 // The cache slot of every token on DCP rank dcp.rank (placement in mlakit/dcp.hpp): -1 for a
 // token another rank owns or with a negative position (padding); otherwise
 // block_table[r, j / block_size] * block_size + j % block_size, with r = token_to_req[t] and j
@@ -222,7 +222,7 @@ void dcp_lse_correct(const TensorView& partial_out, const TensorView& all_lse_to
 // dst:       [>= num_tokens, L + R]  f32, f16 or bf16; last dim contiguous
 // row_index: i32 [num_tokens]
 void gather_rows_and_maybe_dequant(const TensorView& src, const TensorView& dst,
-                                   const TensorView& row_index, KvCacheDType kv_dtype,
-                                   float scale, Stream stream = {});
+                                   const TensorView& row_index, KvCacheDType kv_dtype, float scale,
+                                   Stream stream = {});
 
 }  // namespace mlakit::ops

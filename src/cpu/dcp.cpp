@@ -50,13 +50,12 @@ void dcp_slot_mapping(const TensorView& positions, const TensorView& token_to_re
     detail::require(r >= 0 && r < requests, ErrorCode::kOutOfRange, kSlotOp, ": token_to_req[", t,
                     "] = ", r, " is not a row of block_table in [0, ", requests, ")");
     const int64_t column = dcp_local_position(p, dcp.world_size, dcp.interleave) / block_size;
-    detail::require(column < width, ErrorCode::kOutOfRange, kSlotOp, ": token ", t,
-                    " (position ", p, ", local position ",
-                    dcp_local_position(p, dcp.world_size, dcp.interleave), ") needs block column ",
-                    column, " but block_table has ", width, " columns");
+    detail::require(column < width, ErrorCode::kOutOfRange, kSlotOp, ": token ", t, " (position ",
+                    p, ", local position ", dcp_local_position(p, dcp.world_size, dcp.interleave),
+                    ") needs block column ", column, " but block_table has ", width, " columns");
     const int64_t block = table[r * block_table.strides[0] + column * block_table.strides[1]];
-    detail::require(block >= 0, ErrorCode::kOutOfRange, kSlotOp, ": block_table[", r, ", ",
-                    column, "] = ", block, " (needed by token ", t, ") must be a block id >= 0");
+    detail::require(block >= 0, ErrorCode::kOutOfRange, kSlotOp, ": block_table[", r, ", ", column,
+                    "] = ", block, " (needed by token ", t, ") must be a block id >= 0");
   }
   // Pass 2: the slots.
   for (int64_t t = 0; t < tokens; ++t) {
@@ -90,14 +89,14 @@ void dcp_lse_combine(const TensorView& partial_out, const TensorView& partial_ls
           for (int64_t k = 0; k < w; ++k) {
             const float f = wt.weight(*lse_at(partial_lse_tokens_heads, k, t, h));
             if (f == 0.0f) continue;  // an empty rank's partial is never read (it may be NaN)
-            load_row(partial_out.element_ptr(k * partial_out.strides[0] +
-                                             t * partial_out.strides[1] +
-                                             h * partial_out.strides[2] + c0),
-                     partial_out.dtype, 1, n, row);
+            load_row(
+                partial_out.element_ptr(k * partial_out.strides[0] + t * partial_out.strides[1] +
+                                        h * partial_out.strides[2] + c0),
+                partial_out.dtype, 1, n, row);
             for (int64_t j = 0; j < n; ++j) acc[j] += f * row[j];
           }
-          store_row(acc, n,
-                    out.element_ptr(t * out.strides[0] + h * out.strides[1] + c0), out.dtype, 1);
+          store_row(acc, n, out.element_ptr(t * out.strides[0] + h * out.strides[1] + c0),
+                    out.dtype, 1);
         }
         if (out_lse_tokens_heads) {
           const TensorView& lse = *out_lse_tokens_heads;

@@ -1,10 +1,11 @@
 // ops::dcp_slot_mapping, ops::dcp_lse_combine, ops::dcp_lse_correct: argument validation
 // (backend independent) and device dispatch.
+#include "cpu/dcp.hpp"
+
 #include <optional>
 #include <tuple>
 
 #include "core/check.hpp"
-#include "cpu/dcp.hpp"
 #include "mlakit/ops.hpp"
 
 #ifdef MLAKIT_WITH_CUDA
@@ -92,8 +93,8 @@ void dcp_lse_combine(const TensorView& partial_out, const TensorView& partial_ls
   const int64_t w = partial_out.shape[0];
   require(w >= 1, ErrorCode::kInvalidArgument, kCombineOp,
           ": partial_out.shape[0] (the ranks) must be >= 1, got ", w);
-  for (int d = 0; d < 3; ++d) detail::check_size(kCombineOp, "partial_out", partial_out, d + 1,
-                                                 out.shape[d]);
+  for (int d = 0; d < 3; ++d)
+    detail::check_size(kCombineOp, "partial_out", partial_out, d + 1, out.shape[d]);
   check_lse(kCombineOp, "partial_lse_tokens_heads", partial_lse_tokens_heads, 3);
   detail::check_size(kCombineOp, "partial_lse_tokens_heads", partial_lse_tokens_heads, 0, w);
   detail::check_size(kCombineOp, "partial_lse_tokens_heads", partial_lse_tokens_heads, 1,
@@ -102,10 +103,10 @@ void dcp_lse_combine(const TensorView& partial_out, const TensorView& partial_ls
                      out.shape[1]);
   require(!views_overlap(out, partial_out), ErrorCode::kInvalidArgument, kCombineOp,
           ": out must not overlap partial_out");
-  Device device = detail::common_device(
-      kCombineOp, {{"partial_out", &partial_out},
-                   {"partial_lse_tokens_heads", &partial_lse_tokens_heads},
-                   {"out", &out}});
+  Device device =
+      detail::common_device(kCombineOp, {{"partial_out", &partial_out},
+                                         {"partial_lse_tokens_heads", &partial_lse_tokens_heads},
+                                         {"out", &out}});
   if (out_lse_tokens_heads) {
     const TensorView& lse = *out_lse_tokens_heads;
     check_lse(kCombineOp, "out_lse_tokens_heads", lse, 2);
@@ -137,8 +138,8 @@ void dcp_lse_correct(const TensorView& partial_out, const TensorView& all_lse_to
   const int64_t tokens = partial_out.shape[0], heads = partial_out.shape[1];
   require(w >= 1, ErrorCode::kInvalidArgument, kCorrectOp,
           ": all_lse_tokens_heads.shape[0] (the ranks) must be >= 1, got ", w);
-  require(rank >= 0 && rank < w, ErrorCode::kInvalidArgument, kCorrectOp,
-          ": rank must be in [0, ", w, ") (all_lse_tokens_heads.shape[0]), got ", rank);
+  require(rank >= 0 && rank < w, ErrorCode::kInvalidArgument, kCorrectOp, ": rank must be in [0, ",
+          w, ") (all_lse_tokens_heads.shape[0]), got ", rank);
   require(heads % w == 0, ErrorCode::kInvalidArgument, kCorrectOp,
           ": partial_out.shape[1] (heads) must be a multiple of the ranks ", w, ", got ", heads);
   detail::check_size(kCorrectOp, "all_lse_tokens_heads", all_lse_tokens_heads, 1, tokens);

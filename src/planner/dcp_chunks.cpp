@@ -125,8 +125,8 @@ std::vector<DcpContextChunk> plan_dcp_context_chunks(std::span<const int32_t> co
             "] must be >= 0, got ", context_lens[r]);
     const int64_t whole_turns = round_up(context_lens[r], turn);
     require(whole_turns <= kMaxInt32, ErrorCode::kInvalidArgument, kOp, ": context_lens[", r,
-            "] = ", context_lens[r], " rounded up to whole turns of ", turn,
-            " positions exceeds ", kMaxInt32);
+            "] = ", context_lens[r], " rounded up to whole turns of ", turn, " positions exceeds ",
+            kMaxInt32);
     padded[r] = static_cast<int32_t>(whole_turns);
   }
   std::vector<DcpContextChunk> chunks;

@@ -131,8 +131,9 @@ void gather_rows_and_maybe_dequant(const TensorView& src, const TensorView& dst,
   if (num_tokens == 0) return;
   DeviceGuard guard(dst.device, kGatherOp);
   // src [rows, W] seen as a cache of `rows` blocks of one entry each.
-  const TensorView as_cache = TensorView::strided(src.data, src.dtype, {src.shape[0], 1, src.shape[1]},
-                                                  {src.strides[0], src.shape[1], 1}, src.device);
+  const TensorView as_cache =
+      TensorView::strided(src.data, src.dtype, {src.shape[0], 1, src.shape[1]},
+                          {src.strides[0], src.shape[1], 1}, src.device);
   auto p = gather_params<GatherParams>(kGatherOp, as_cache, dst, RequestIndex{});
   p.error_word = device_error_word(kGatherRowsOp);
   p.row_index = static_cast<const int32_t*>(row_index.data);

@@ -22,17 +22,17 @@ constexpr int kWarps = 8;  // warps per block: enough in flight to hide latency,
 constexpr int kThreads = kWarps * kWarpSize;
 
 struct CombineParams {
-  const void* partial;      // combine: [W, T, H, D]; correct: [T, H, D]
-  const float* lse;         // [W, T, H]
-  void* out;                // combine: [T, H, D]; correct: [T, W, H / W, D]
-  float* out_lse;           // combine: [T, H] or nullptr
+  const void* partial;        // combine: [W, T, H, D]; correct: [T, H, D]
+  const float* lse;           // [W, T, H]
+  void* out;                  // combine: [T, H, D]; correct: [T, W, H / W, D]
+  float* out_lse;             // combine: [T, H] or nullptr
   int64_t partial_stride[4];  // elements; correct uses [0..2] for (t, h, d)
   int64_t lse_stride[3];
-  int64_t out_stride[4];      // combine: (t, h, d); correct: (t, k, n, d)
+  int64_t out_stride[4];  // combine: (t, h, d); correct: (t, k, n, d)
   int64_t out_lse_stride[2];
   int64_t ranks, tokens, heads, dim;
-  int64_t rank;               // correct: the rank whose partial this is
-  int64_t heads_per_rank;     // correct: H / W
+  int64_t rank;            // correct: the rank whose partial this is
+  int64_t heads_per_rank;  // correct: H / W
 };
 
 __device__ __forceinline__ float canonical_lse(float x) {
@@ -75,7 +75,8 @@ __device__ float combine_weights(const CombineParams& p, int64_t t, int64_t h, f
 }
 
 template <class OutT, class InT>
-__global__ void __launch_bounds__(kThreads) combine_kernel(const __grid_constant__ CombineParams p) {
+__global__ void __launch_bounds__(kThreads)
+    combine_kernel(const __grid_constant__ CombineParams p) {
   extern __shared__ float shared_weights[];  // [kWarps, W]
   using In = typename InT::Storage;
   using Out = typename OutT::Storage;
@@ -105,7 +106,8 @@ __global__ void __launch_bounds__(kThreads) combine_kernel(const __grid_constant
 }
 
 template <class OutT, class InT>
-__global__ void __launch_bounds__(kThreads) correct_kernel(const __grid_constant__ CombineParams p) {
+__global__ void __launch_bounds__(kThreads)
+    correct_kernel(const __grid_constant__ CombineParams p) {
   extern __shared__ float shared_weights[];  // [kWarps, W]
   using In = typename InT::Storage;
   using Out = typename OutT::Storage;
@@ -117,8 +119,8 @@ __global__ void __launch_bounds__(kThreads) correct_kernel(const __grid_constant
     const int64_t t = item / p.heads, h = item % p.heads;
     combine_weights(p, t, h, weights);
     const float f = weights[p.rank];
-    const In* row = static_cast<const In*>(p.partial) + t * p.partial_stride[0] +
-                    h * p.partial_stride[1];
+    const In* row =
+        static_cast<const In*>(p.partial) + t * p.partial_stride[0] + h * p.partial_stride[1];
     Out* out = static_cast<Out*>(p.out) + t * p.out_stride[0] +
                (h / p.heads_per_rank) * p.out_stride[1] + (h % p.heads_per_rank) * p.out_stride[2];
     for (int64_t j = lane; j < p.dim; j += kWarpSize) {
@@ -141,8 +143,9 @@ void launch(const char* op, const TensorView& in, const TensorView& out, const C
   const int64_t blocks = grid_blocks(p.tokens * p.heads, kWarps);
   dispatch_float(op, out.dtype, [&](auto out_type) {
     dispatch_float(op, in.dtype, [&](auto in_type) {
-      kernel_for(out_type, in_type)<<<static_cast<unsigned>(blocks), kThreads, smem,
-                                      as_cuda_stream(stream)>>>(p);
+      kernel_for(
+          out_type,
+          in_type)<<<static_cast<unsigned>(blocks), kThreads, smem, as_cuda_stream(stream)>>>(p);
       check_launch(op, "dcp combine kernel");
     });
   });

@@ -23,7 +23,8 @@ struct SlotParams {
   uint32_t* error_word;
 };
 
-__global__ void __launch_bounds__(kThreads) slot_mapping_kernel(const __grid_constant__ SlotParams p) {
+__global__ void __launch_bounds__(kThreads)
+    slot_mapping_kernel(const __grid_constant__ SlotParams p) {
   const int64_t threads = int64_t{gridDim.x} * kThreads;
   for (int64_t t = int64_t{blockIdx.x} * kThreads + threadIdx.x; t < p.tokens; t += threads) {
     const int64_t pos = p.positions[t * p.positions_stride];
@@ -31,8 +32,7 @@ __global__ void __launch_bounds__(kThreads) slot_mapping_kernel(const __grid_con
     if (pos >= 0 && (pos / p.interleave) % p.world_size == p.rank) {
       const int64_t r = p.token_to_req[t * p.req_stride];
       // Local position: (p / (W I)) I + p % I (mlakit::dcp_local_position).
-      const int64_t local =
-          pos / (p.world_size * p.interleave) * p.interleave + pos % p.interleave;
+      const int64_t local = pos / (p.world_size * p.interleave) * p.interleave + pos % p.interleave;
       const int64_t column = local / p.block_size;
       const bool row_ok = r >= 0 && r < p.requests && column < p.width;
       const int64_t block =
