@@ -36,7 +36,8 @@ class Communicator {
   // send: contiguous; f32, f16 or bf16; world_size * recv.numel() elements
   // recv: contiguous, send's dtype, disjoint from send
   // The MPI communicator sums in f32 in rank order and rounds once (results do not depend on the
-  // MPI library's algorithm); NCCL sums in its own order and, for 16-bit types, precision.
+  // MPI library's algorithm, and every rank sums alike); NCCL sums in its own order and, for
+  // 16-bit types, its own precision.
   void reduce_scatter_sum(const TensorView& send, const TensorView& recv, Stream stream = {});
 
  protected:

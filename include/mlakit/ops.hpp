@@ -206,7 +206,7 @@ void dcp_lse_combine(const TensorView& partial_out, const TensorView& partial_ls
 //   h = k * (H / W) + n,
 // i.e. the heads grouped by the rank k that keeps them after the reduce-scatter; 0 where the
 // weight is 0 (partial_out not read). Summing `corrected` over the ranks gives dcp_lse_combine's
-// out (in rank order: the same f32 result when corrected is f32).
+// out (to f32 rounding when corrected is f32).
 // partial_out:          [T, H, D]  f32, f16 or bf16; any strides, D contiguous
 // all_lse_tokens_heads: f32 [W, T, H]; row k is rank k's lse; any strides
 // corrected:            [T, W, H / W, D]  f32, f16 or bf16; any strides, D contiguous; must not

@@ -50,8 +50,8 @@ void dcp_gather_queries(Communicator& comm, const TensorView& q_local,
 // corrected:             [W, T, N, L]  exchange dtype (f32, f16 or bf16), contiguous (scratch)
 // out:                   [T, N, L]  exchange dtype, contiguous: this rank's heads, combined over
 //                        the keys of all ranks (0 for a request without keys)
-// The exchange dtype is the caller's choice: f32 sums the ranks exactly as dcp_lse_combine does
-// (on MPI, bit for bit); the activation dtype halves the reduce-scatter bytes.
+// The exchange dtype is the caller's choice: f32 sums the ranks as dcp_lse_combine does (to f32
+// rounding); the activation dtype halves the reduce-scatter bytes but rounds every rank's share.
 void dcp_combine_heads(Communicator& comm, const TensorView& partial_out,
                        const TensorView& partial_lse, const TensorView& gathered_lse,
                        const TensorView& corrected, const TensorView& out, Stream stream = {});

@@ -1,6 +1,6 @@
 // The MPI communicator (dist_mpi.hpp): MPI_Allgather of raw bytes; the reduce-scatter is an
-// MPI_Alltoall of raw bytes followed by a local f32 sum in rank order, so the result is the same
-// on every MPI library and equals dcp_lse_combine's rank-order sum.
+// MPI_Alltoall of raw bytes followed by a local f32 sum in rank order, rounded once: the result
+// does not depend on the MPI library's reduction algorithm.
 #include <mpi.h>
 
 #include <climits>
