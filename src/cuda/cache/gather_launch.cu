@@ -129,7 +129,7 @@ void gather_rows_and_maybe_dequant(const TensorView& src, const TensorView& dst,
                                    Stream stream) {
   const int64_t num_tokens = row_index.shape[0];
   if (num_tokens == 0) return;
-  DeviceGuard guard(dst.device, kGatherOp);
+  DeviceGuard guard(dst.device, kGatherRowsOp);
   // src [rows, W] seen as a cache of `rows` blocks of one entry each.
   const TensorView as_cache =
       TensorView::strided(src.data, src.dtype, {src.shape[0], 1, src.shape[1]},
