@@ -1,5 +1,7 @@
 #include "dist/dcp_decode.hpp"
 
+#include <initializer_list>
+
 #include "core/check.hpp"
 #include "mlakit/ops.hpp"
 

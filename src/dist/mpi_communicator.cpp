@@ -3,6 +3,7 @@
 // does not depend on the MPI library's reduction algorithm.
 #include <mpi.h>
 
+#include <algorithm>
 #include <climits>
 #include <cstdint>
 #include <memory>
