@@ -4,7 +4,7 @@
 // must equal the single-rank decode over the whole cache (to rounding) and the fp64 oracle.
 // The context chunks of the same requests, gathered under DCP, must hold exactly the cached
 // values in global token order. Caches auto (bf16) and fp8_e4m3, block sizes 16 and 64,
-// interleaves 1, 2, 16, 64, contexts from 0 to 20000 tokens.
+// interleaves 1, 2, 16, 64, contexts from 0 to 20000 tokens (4000 in sanitizer builds).
 //
 // All ranks draw the same global batch (rank 0's seed is broadcast). A failure on one rank must
 // not leave the others waiting in a collective: checks are EXPECTs (never ASSERTs) between
@@ -40,8 +40,15 @@ constexpr int64_t kEntry = 576;       // L + R
 constexpr int64_t kHeadsPerRank = 2;  // N: small, so the oracle over 20000 keys stays quick
 constexpr float kKScale = 0.02f;      // fp8 cache: N(0, 1) values / 0.02 stay well inside +-448
 constexpr float kQScale = 0.03f;      // fp8 q: the same for the absorbed queries
-// Rows of the context workspace: small enough that the 20000-token context takes many chunks.
-constexpr int64_t kWorkspaceTokens = 4096;
+// The longest context: 20000 tokens, a fifth of it in sanitizer builds (~3x slower, and CI runs
+// both).
+#if defined(__SANITIZE_ADDRESS__)
+constexpr int64_t kLongContext = 4000;
+#else
+constexpr int64_t kLongContext = 20000;
+#endif
+// Rows of the context workspace: the long context takes 5 chunks or more.
+constexpr int64_t kWorkspaceTokens = kLongContext / 5;
 
 struct Config {
   KvCacheDType kv;
@@ -84,7 +91,8 @@ const LatentPool& latent_pool() {
 Batch make_batch(const Config& c, int64_t w, std::mt19937_64& rng) {
   Batch b;
   const int64_t turn = w * c.interleave;
-  b.seq_lens = {0, 1, std::max<int64_t>(1, turn - 1), turn + 1, 3 * c.block_size + 1, 777, 20000};
+  b.seq_lens = {0,   1,           std::max<int64_t>(1, turn - 1), turn + 1, 3 * c.block_size + 1,
+                777, kLongContext};
   b.first_token = {0};
   for (int64_t len : b.seq_lens) b.first_token.push_back(b.first_token.back() + len);
   b.tokens = b.first_token.back();
@@ -357,7 +365,7 @@ TEST_F(DcpMpi, ContextChunksHoldTheCachedValuesInGlobalOrder) {
     const std::vector<int32_t> contexts(b.seq_lens.begin(), b.seq_lens.end());
     const std::vector<DcpContextChunk> chunks = plan_dcp_context_chunks(
         contexts, c.block_size, kWorkspaceTokens, ChunkPolicy::kPacked, dcp);
-    EXPECT_GT(chunks.size(), 4u);  // the 20000-token context alone needs 5 chunks of 4096 rows
+    EXPECT_GT(chunks.size(), 4u);  // the long context alone needs 5 chunks
     Tensor exchange = test::nan_tensor({kWorkspaceTokens, kEntry}, local.cache.view().dtype);
     Tensor dst = test::nan_tensor({kWorkspaceTokens, kEntry}, DType::kBF16);
     for (const DcpContextChunk& chunk : chunks) {
