@@ -14,6 +14,8 @@ PACKAGES=(
   libgmock-dev=1.12.1-0.2
   libcli11-dev=2.1.2+ds-1
   nlohmann-json3-dev=3.11.2-2
+  libopenmpi-dev=4.1.4-3+b1
+  openmpi-bin=4.1.4-3+b1
 )
 
 SUDO=""

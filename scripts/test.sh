@@ -26,6 +26,7 @@ ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 ctest --preset asan
 if command -v nvcc > /dev/null 2>&1 || [ -x /usr/local/cuda/bin/nvcc ]; then
   echo "== CUDA backend (sm_90a) =="
   export PATH="/usr/local/cuda/bin:$PATH"
+  export NCCL_NVLS_ENABLE=0  # NVLink multicast off wherever NCCL may run (docs/dcp.md)
   bash scripts/fetch_cutlass.sh
   cmake --preset cuda > /dev/null
   cmake --build --preset cuda -j "$JOBS"

@@ -13,6 +13,7 @@
 #include <span>
 
 #include "mlakit/config.hpp"
+#include "mlakit/dcp.hpp"
 #include "mlakit/plan.hpp"
 #include "mlakit/types.hpp"
 
@@ -202,5 +203,61 @@ void check_device_errors(Device device, Stream stream = {});
 // up-projection (a = o_lat^T per head, w = W_UV) and kv_b_proj (batch 1, w = weight^T).
 void batched_matmul(const TensorView& a, const TensorView& w, const TensorView& c,
                     Stream stream = {});
+
+// ---- Decode context parallelism (spec A.3, A.9, B.7, C.6; docs/dcp.md) --------------------------
+// The cache slot of every token on DCP rank dcp.rank (placement in mlakit/dcp.hpp): -1 for a
+// token another rank owns or with a negative position (padding); otherwise
+// block_table[r, j / block_size] * block_size + j % block_size, with r = token_to_req[t] and j
+// the token's local position. Feed the result to concat_and_cache_mla. A request out of range, a
+// column beyond the table or a negative block id: the CPU throws; the GPU writes -1 for that token
+// and records it for check_device_errors.
+// positions:    i64 [T] global position of each token in its request
+// token_to_req: i32 [T] request (block-table row) of each token
+// block_table:  i32 [R, max_blocks] this rank's table
+// slot_mapping: i64 [T] (output)
+void dcp_slot_mapping(const TensorView& positions, const TensorView& token_to_req,
+                      const TensorView& block_table, int64_t block_size, const DcpConfig& dcp,
+                      const TensorView& slot_mapping, Stream stream = {});
+
+// The LSE-corrected combine of W partial attention results over disjoint key sets (spec A.9:
+// the math of vLLM's cp_lse_ag_out_rs, without the collectives; spec C.6): for every (t, h)
+//   lse = ln sum_k exp(lse_k),   out = sum_k exp(lse_k - lse) * out_k
+// with f32 weights, summed in f32 in rank order and rounded once to out's dtype. LSEs of NaN or
+// +inf read as -inf (an empty key set). A rank of weight 0 is never read, so the NaN or garbage
+// of a rank holding no key of a request cannot reach the result (F-5, F-10, F-12); all ranks
+// empty gives out 0 and lse -inf.
+// partial_out:              [W, T, H, D]  f32, f16 or bf16; any strides, D contiguous
+// partial_lse_tokens_heads: f32 [W, T, H]; any strides
+// out:                      [T, H, D]  f32, f16 or bf16; any strides, D contiguous; must not
+//                           overlap partial_out
+// out_lse_tokens_heads:     f32 [T, H] or absent
+void dcp_lse_combine(const TensorView& partial_out, const TensorView& partial_lse_tokens_heads,
+                     const TensorView& out, const std::optional<TensorView>& out_lse_tokens_heads,
+                     Stream stream = {});
+
+// One rank's half of the combine, before a reduce-scatter sums the ranks' results (vLLM's
+// correct_attn_out): with lse combined from the W rows of all_lse_tokens_heads as above,
+//   corrected[t, k, n, :] = exp(all_lse[rank, t, h] - lse[t, h]) * partial_out[t, h, :],
+//   h = k * (H / W) + n,
+// i.e. the heads grouped by the rank k that keeps them after the reduce-scatter; 0 where the
+// weight is 0 (partial_out not read). Summing `corrected` over the ranks gives dcp_lse_combine's
+// out (to f32 rounding when corrected is f32).
+// partial_out:          [T, H, D]  f32, f16 or bf16; any strides, D contiguous
+// all_lse_tokens_heads: f32 [W, T, H]; row k is rank k's lse; any strides
+// corrected:            [T, W, H / W, D]  f32, f16 or bf16; any strides, D contiguous; must not
+//                       overlap partial_out
+void dcp_lse_correct(const TensorView& partial_out, const TensorView& all_lse_tokens_heads,
+                     int64_t rank, const TensorView& corrected, Stream stream = {});
+
+// dst row t = src row row_index[t], dequantized as gather_and_maybe_dequant_cache does (cast for
+// kAuto, fp8 * scale for kFp8E4m3, tile scales for kFp8DsMla): the reorganisation of an
+// all-gathered DCP context chunk into global token order (B.7 step 3). An index outside
+// [0, rows): the CPU throws; the GPU skips the row and records it for check_device_errors.
+// src:       [rows, entry_width]  the cache's storage dtype; entry contiguous
+// dst:       [>= num_tokens, L + R]  f32, f16 or bf16; last dim contiguous
+// row_index: i32 [num_tokens]
+void gather_rows_and_maybe_dequant(const TensorView& src, const TensorView& dst,
+                                   const TensorView& row_index, KvCacheDType kv_dtype, float scale,
+                                   Stream stream = {});
 
 }  // namespace mlakit::ops

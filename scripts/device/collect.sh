@@ -45,7 +45,8 @@ if [ -f "$BUILD/src/capi/libmlakit_c.so" ]; then
 fi
 
 # Libraries: everything ldd resolves except the system C/C++ runtime and CUDA's own.
-skip='^(linux-vdso|ld-linux|libc\.so|libm\.so|libdl\.so|libpthread\.so|librt\.so|libstdc\+\+|libgcc_s|libcuda\.so|libcudart|libcublas|libcublasLt|libnvidia)'
+# libnccl (~200 MiB, over the carry limit) comes from the GPU machine's CUDA or torch wheels.
+skip='^(linux-vdso|ld-linux|libc\.so|libm\.so|libdl\.so|libpthread\.so|librt\.so|libstdc\+\+|libgcc_s|libcuda\.so|libcudart|libcublas|libcublasLt|libnvidia|libnccl)'
 for binary in .devbin/bin/* .devbin/libmlakit_c.so; do
   [ -e "$binary" ] || continue
   ldd "$binary" | awk '$2 == "=>" && $3 ~ /^\// {print $1, $3}'

@@ -24,6 +24,7 @@ using detail::require;
 constexpr const char* kConcatOp = "concat_and_cache_mla";
 constexpr const char* kGatherOp = "gather_and_maybe_dequant_cache";
 constexpr const char* kCpGatherOp = "cp_gather_cache";
+constexpr const char* kGatherRowsOp = "gather_rows_and_maybe_dequant";
 
 // Tokens per parallel work item: 16 entries (18 KiB of bf16 576-wide entries) amortise the
 // OpenMP scheduling cost while a batch of a few hundred tokens still spreads over every core.
@@ -315,31 +316,23 @@ void dequant_ds_mla_entry(const uint8_t* entry /*[656]*/, const std::array<float
   std::memcpy(dst + kDsMlaKvLoraRank, entry + kDsMlaRopeOffset, kDsMlaRopeDim * sizeof(uint16_t));
 }
 
-}  // namespace
-
-void gather_and_maybe_dequant_cache(const TensorView& src_cache, const TensorView& dst,
-                                    const TensorView& block_table, const TensorView& cu_seq_lens,
-                                    const TensorView& token_to_seq, int64_t num_tokens,
-                                    KvCacheDType kv_dtype, float scale,
-                                    const std::optional<TensorView>& seq_starts) {
-  const int64_t batch = cu_seq_lens.shape[0] - 1;
-  check_requests(kGatherOp, cu_seq_lens, seq_starts, batch);
-  for (int64_t t = 0; t < num_tokens; ++t)
-    check_gather_token(src_cache, block_table, cu_seq_lens, token_to_seq, seq_starts, batch, t);
-
+// dst row t = the entry at source(t) for t < num_tokens, dequantized to dst's dtype: a cast for
+// kAuto (a copy when src_dtype is dst's), fp8 * scale for kFp8E4m3, tile scales for kFp8DsMla.
+// Every source entry has been checked by the caller.
+// dst: [>= num_tokens, W]  f32/f16/bf16, last dim contiguous
+template <class Source>
+void dequant_entries(DType src_dtype, const TensorView& dst, int64_t num_tokens,
+                     KvCacheDType kv_dtype, float scale, const Source& source) {
   const int64_t width = dst.shape[1];
-  auto source = [&](int64_t t) {
-    return gather_source(src_cache, block_table, cu_seq_lens, token_to_seq, seq_starts, t);
-  };
   switch (kv_dtype) {
     case KvCacheDType::kAuto:
-      if (src_cache.dtype == dst.dtype) {
+      if (src_dtype == dst.dtype) {
         for_each_token(0, num_tokens, [&](int64_t t) {
           std::memcpy(row_ptr(dst, t), source(t), width * dst.element_size());
         });
         break;
       }
-      dispatch_float(src_cache.dtype, [&](auto src_elem) {
+      dispatch_float(src_dtype, [&](auto src_elem) {
         using S = decltype(src_elem);
         dispatch_float(dst.dtype, [&](auto dst_elem) {
           using D = decltype(dst_elem);
@@ -373,6 +366,35 @@ void gather_and_maybe_dequant_cache(const TensorView& src_cache, const TensorVie
       break;
     }
   }
+}
+
+}  // namespace
+
+void gather_and_maybe_dequant_cache(const TensorView& src_cache, const TensorView& dst,
+                                    const TensorView& block_table, const TensorView& cu_seq_lens,
+                                    const TensorView& token_to_seq, int64_t num_tokens,
+                                    KvCacheDType kv_dtype, float scale,
+                                    const std::optional<TensorView>& seq_starts) {
+  const int64_t batch = cu_seq_lens.shape[0] - 1;
+  check_requests(kGatherOp, cu_seq_lens, seq_starts, batch);
+  for (int64_t t = 0; t < num_tokens; ++t)
+    check_gather_token(src_cache, block_table, cu_seq_lens, token_to_seq, seq_starts, batch, t);
+  dequant_entries(src_cache.dtype, dst, num_tokens, kv_dtype, scale, [&](int64_t t) {
+    return gather_source(src_cache, block_table, cu_seq_lens, token_to_seq, seq_starts, t);
+  });
+}
+
+void gather_rows_and_maybe_dequant(const TensorView& src, const TensorView& dst,
+                                   const TensorView& row_index, KvCacheDType kv_dtype,
+                                   float scale) {
+  const int64_t num_tokens = row_index.shape[0], rows = src.shape[0];
+  for (int64_t t = 0; t < num_tokens; ++t) {
+    const int64_t row = index_at(row_index, t);
+    require(row >= 0 && row < rows, ErrorCode::kOutOfRange, kGatherRowsOp, ": row_index[", t,
+            "] = ", row, " is not a row of src in [0, ", rows, ")");
+  }
+  dequant_entries(src.dtype, dst, num_tokens, kv_dtype, scale,
+                  [&](int64_t t) -> const char* { return row_ptr(src, index_at(row_index, t)); });
 }
 
 // ---- cp_gather_cache ----------------------------------------------------------------------------

@@ -33,6 +33,12 @@ void gather_and_maybe_dequant_cache(const TensorView& src_cache, const TensorVie
                                     KvCacheDType kv_dtype, float scale,
                                     const std::optional<TensorView>& seq_starts);
 
+// src:       [rows, entry_width]  entry contiguous
+// dst:       [>= num_tokens, W]  f32/f16/bf16, last dim contiguous (W = 576 for fp8_ds_mla)
+// row_index: i32 [num_tokens]
+void gather_rows_and_maybe_dequant(const TensorView& src, const TensorView& dst,
+                                   const TensorView& row_index, KvCacheDType kv_dtype, float scale);
+
 // src_cache:   [num_blocks, block_size, W]
 // dst:         [>= cu_seq_lens[batch_size], W]  dtype of src_cache, last dim contiguous
 // block_table: i32 [>= batch_size, max_blocks]

@@ -25,6 +25,7 @@ using detail::require;
 constexpr const char* kConcatOp = "concat_and_cache_mla";
 constexpr const char* kGatherOp = "gather_and_maybe_dequant_cache";
 constexpr const char* kCpGatherOp = "cp_gather_cache";
+constexpr const char* kGatherRowsOp = "gather_rows_and_maybe_dequant";
 
 void check_index_tensor(const char* op, const char* name, const TensorView& t, int ndim,
                         DType dtype) {
@@ -172,6 +173,41 @@ void validate_cp_gather_cache(const TensorView& src_cache, const TensorView& dst
   check_gather_indices(op, block_table, cu_seq_lens, seq_starts, batch_size);
 }
 
+// src: [rows, entry_width] rows of a cache's entries; dst: [>= num_tokens, L + R] activations.
+void validate_gather_rows_and_maybe_dequant(const TensorView& src, const TensorView& dst,
+                                            const TensorView& row_index, KvCacheDType kv_dtype,
+                                            float scale) {
+  const char* op = kGatherRowsOp;
+  detail::check_storage(op, "src", src);
+  detail::check_ndim(op, "src", src, 2);
+  detail::check_inner_contiguous(op, "src", src);
+  detail::check_storage(op, "dst", dst);
+  detail::check_ndim(op, "dst", dst, 2);
+  detail::check_float_activation(op, "dst", dst);
+  detail::check_inner_contiguous(op, "dst", dst);
+  check_rows_disjoint(op, "dst", dst);
+  switch (kv_dtype) {
+    case KvCacheDType::kAuto:
+      detail::check_float_activation(op, "src", src);
+      detail::check_size(op, "src", src, 1, dst.size(1));
+      break;
+    case KvCacheDType::kFp8E4m3:
+      detail::check_dtype(op, "src", src, {DType::kU8, DType::kFp8E4m3});
+      detail::check_size(op, "src", src, 1, dst.size(1));
+      check_fp8_scale(op, "scale", scale);
+      break;
+    case KvCacheDType::kFp8DsMla:
+      detail::check_dtype(op, "src", src, {DType::kU8});
+      detail::check_size(op, "src", src, 1, kDsMlaEntryBytes);
+      detail::check_size(op, "dst", dst, 1, kDsMlaKvLoraRank + kDsMlaRopeDim);
+      require(is_float16(dst.dtype), ErrorCode::kInvalidArgument, op,
+              ": dst must have dtype f16 or bf16 for fp8_ds_mla, got ", dtype_name(dst.dtype));
+      break;
+  }
+  check_index_tensor(op, "row_index", row_index, 1, DType::kI32);
+  detail::check_min_size(op, "dst", dst, 0, row_index.size(0));
+}
+
 }  // namespace
 
 void concat_and_cache_mla(const TensorView& kv_c, const TensorView& k_pe,
@@ -238,6 +274,22 @@ void cp_gather_cache(const TensorView& src_cache, const TensorView& dst,
 #endif
   }
   cpu::cp_gather_cache(src_cache, dst, block_table, cu_seq_lens, batch_size, seq_starts);
+}
+
+void gather_rows_and_maybe_dequant(const TensorView& src, const TensorView& dst,
+                                   const TensorView& row_index, KvCacheDType kv_dtype, float scale,
+                                   [[maybe_unused]] Stream stream) {
+  const Device device = detail::common_device(
+      kGatherRowsOp, {{"src", &src}, {"dst", &dst}, {"row_index", &row_index}});
+  validate_gather_rows_and_maybe_dequant(src, dst, row_index, kv_dtype, scale);
+  if (device.is_cuda()) {
+#ifdef MLAKIT_WITH_CUDA
+    return cuda::gather_rows_and_maybe_dequant(src, dst, row_index, kv_dtype, scale, stream);
+#else
+    detail::unsupported_device(kGatherRowsOp, device);
+#endif
+  }
+  cpu::gather_rows_and_maybe_dequant(src, dst, row_index, kv_dtype, scale);
 }
 
 }  // namespace mlakit::ops

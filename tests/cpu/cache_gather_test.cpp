@@ -11,6 +11,7 @@
 #include <sstream>
 #include <vector>
 
+#include "common/cache_reference.hpp"
 #include "common/fp8_reference.hpp"
 #include "common/paged_cache.hpp"
 #include "common/test_util.hpp"
@@ -27,23 +28,7 @@ namespace {
 using Batch = test::PagedBatch;
 using test::random_paged_batch;
 
-// The value dst[t, i] must hold: the cache entry dequantized in f32 and rounded to dst_dtype.
-double expected_value(KvCacheDType kv, DType cache_dtype, DType dst_dtype, float scale,
-                      const uint8_t* entry, int64_t i) {
-  switch (kv) {
-    case KvCacheDType::kAuto:
-      return round_to_dtype(load_float(entry, cache_dtype, i), dst_dtype);
-    case KvCacheDType::kFp8E4m3:  // exact double product, rounded to f32, then to dst
-      return round_to_dtype(static_cast<float>(test::e4m3_value(entry[i]) * scale), dst_dtype);
-    case KvCacheDType::kFp8DsMla: {
-      if (i >= 512) return load_float(entry + 528, dst_dtype, i - 512);  // rope bits, as stored
-      float tile_scale;
-      std::memcpy(&tile_scale, entry + 512 + 4 * (i / 128), 4);
-      return round_to_dtype(static_cast<float>(test::e4m3_value(entry[i]) * tile_scale), dst_dtype);
-    }
-  }
-  return NAN;
-}
+using test::expected_dequant_value;
 
 struct GatherCase {
   Batch batch;
@@ -94,7 +79,7 @@ void run_gather_case(const GatherCase& c) {
         cache.data<uint8_t>() + (block * c.batch.block_size + offset) * entry_bytes;
     for (int64_t i = 0; i < c.width; ++i) {
       expected[t * (c.width + pad) + i] =
-          expected_value(c.kv, cache_dtype, c.dst_dtype, c.scale, entry, i);
+          expected_dequant_value(c.kv, cache_dtype, c.dst_dtype, c.scale, entry, i);
     }
   }
   EXPECT_TRUE(test::all_close(buffer, expected, {0.0, 0.0}));

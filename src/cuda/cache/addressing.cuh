@@ -54,8 +54,17 @@ __device__ __forceinline__ char* request_entry(const RequestIndex& r, const Cach
   return entry_at(c, block, pos % c.block_size);
 }
 
-// Source entry of gather token t (spec A.7 addressing), or nullptr after reporting a bad index.
+// Source entry of gather token t (spec A.7 addressing, or a row of a row gather), or nullptr
+// after reporting a bad index.
 __device__ __forceinline__ const char* gather_entry(const GatherParams& p, int64_t t) {
+  if (p.row_index != nullptr) {  // gather_rows_and_maybe_dequant: a row of a [rows, W] source
+    const int64_t row = p.row_index[t * p.row_index_stride];
+    if (row < 0 || row >= p.cache.num_blocks) {
+      if (lane_id() == 0) raise_device_error(p.error_word, kGatherRowOutOfRange);
+      return nullptr;
+    }
+    return entry_at(p.cache, row, 0);
+  }
   const RequestIndex& r = p.index;
   const int64_t b = p.token_to_seq[t * p.token_to_seq_stride];
   if (b < 0 || b >= r.batch) {

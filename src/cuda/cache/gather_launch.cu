@@ -13,6 +13,7 @@ namespace {
 
 constexpr const char* kGatherOp = "gather_and_maybe_dequant_cache";
 constexpr const char* kCpGatherOp = "cp_gather_cache";
+constexpr const char* kGatherRowsOp = "gather_rows_and_maybe_dequant";
 
 // The fields both gathers fill alike: the source cache, the dst rows, the request index and the
 // error word.
@@ -83,6 +84,26 @@ void gather_ds_mla(DType out, const GatherParams& p, cudaStream_t stream) {
   });
 }
 
+// Launches the gather kernel that dequantizes `src_dtype` entries (kv_dtype) into dst's dtype.
+void launch_dequant_gather(const GatherParams& p, DType src_dtype, DType dst_dtype,
+                           KvCacheDType kv_dtype, float scale, cudaStream_t s) {
+  switch (kv_dtype) {
+    case KvCacheDType::kAuto:
+      if (src_dtype == dst_dtype) return gather_raw(p, s);
+      return dispatch_float(kGatherOp, src_dtype, [&](auto in) {
+        dispatch_float(kGatherOp, dst_dtype, [&](auto out) {
+          gather_convert<decltype(in), decltype(out)>(p, Identity{}, s);
+        });
+      });
+    case KvCacheDType::kFp8E4m3:
+      return dispatch_float(kGatherOp, dst_dtype, [&](auto out) {
+        gather_convert<E4m3, decltype(out)>(p, MultiplyBy{scale}, s);
+      });
+    case KvCacheDType::kFp8DsMla:
+      return gather_ds_mla(dst_dtype, p, s);
+  }
+}
+
 }  // namespace
 
 void gather_and_maybe_dequant_cache(const TensorView& src_cache, const TensorView& dst,
@@ -100,22 +121,27 @@ void gather_and_maybe_dequant_cache(const TensorView& src_cache, const TensorVie
   p.num_tokens = num_tokens;
   p.width = static_cast<int>(dst.shape[1]);
   p.scale = scale;
-  const cudaStream_t s = as_cuda_stream(stream);
-  switch (kv_dtype) {
-    case KvCacheDType::kAuto:
-      if (src_cache.dtype == dst.dtype) return gather_raw(p, s);
-      return dispatch_float(kGatherOp, src_cache.dtype, [&](auto in) {
-        dispatch_float(kGatherOp, dst.dtype, [&](auto out) {
-          gather_convert<decltype(in), decltype(out)>(p, Identity{}, s);
-        });
-      });
-    case KvCacheDType::kFp8E4m3:
-      return dispatch_float(kGatherOp, dst.dtype, [&](auto out) {
-        gather_convert<E4m3, decltype(out)>(p, MultiplyBy{scale}, s);
-      });
-    case KvCacheDType::kFp8DsMla:
-      return gather_ds_mla(dst.dtype, p, s);
-  }
+  launch_dequant_gather(p, src_cache.dtype, dst.dtype, kv_dtype, scale, as_cuda_stream(stream));
+}
+
+void gather_rows_and_maybe_dequant(const TensorView& src, const TensorView& dst,
+                                   const TensorView& row_index, KvCacheDType kv_dtype, float scale,
+                                   Stream stream) {
+  const int64_t num_tokens = row_index.shape[0];
+  if (num_tokens == 0) return;
+  DeviceGuard guard(dst.device, kGatherRowsOp);
+  // src [rows, W] seen as a cache of `rows` blocks of one entry each.
+  const TensorView as_cache =
+      TensorView::strided(src.data, src.dtype, {src.shape[0], 1, src.shape[1]},
+                          {src.strides[0], src.shape[1], 1}, src.device);
+  auto p = gather_params<GatherParams>(kGatherOp, as_cache, dst, RequestIndex{});
+  p.error_word = device_error_word(kGatherRowsOp);
+  p.row_index = static_cast<const int32_t*>(row_index.data);
+  p.row_index_stride = row_index.strides[0];
+  p.num_tokens = num_tokens;
+  p.width = static_cast<int>(dst.shape[1]);
+  p.scale = scale;
+  launch_dequant_gather(p, src.dtype, dst.dtype, kv_dtype, scale, as_cuda_stream(stream));
 }
 
 void cp_gather_cache(const TensorView& src_cache, const TensorView& dst,

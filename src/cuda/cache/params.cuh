@@ -51,6 +51,10 @@ struct GatherParams {
   int64_t dst_row_bytes = 0;
   const int32_t* token_to_seq = nullptr;  // [>= num_tokens]
   int64_t token_to_seq_stride = 0;
+  // gather_rows_and_maybe_dequant: token t reads entry row_index[t] of a [rows, 1, W] "cache"
+  // (cache.num_blocks = rows); token_to_seq and index are then unused. nullptr otherwise.
+  const int32_t* row_index = nullptr;  // [num_tokens]
+  int64_t row_index_stride = 0;
   int64_t num_tokens = 0;
   RequestIndex index;
   int width = 0;          // W: values per dst row

@@ -61,6 +61,12 @@ constexpr BitMessage kMessages[] = {
     {kDecodePlanOverflow,
      "mla_decode: internal error: the work plan exceeded the bounds its workspace was sized for "
      "(some rows were not computed); please report this"},
+    {kGatherRowOutOfRange,
+     "gather_rows_and_maybe_dequant: a row_index value was not a row of src (that row was "
+     "skipped)"},
+    {kDcpSlotBadIndex,
+     "dcp_slot_mapping: a token_to_req value was not a block_table row, or its local position "
+     "needed a block column beyond the table or a negative block id (that token got slot -1)"},
 };
 
 struct Symbols {

@@ -29,6 +29,8 @@ enum DeviceErrorBit : uint32_t {
   kPrefillBadSeqlens = 1u << 10,        // cu_seqlens_q / _k not offsets within T / S, or too long
   kDecodeBadIndex = 1u << 11,           // seq_lens[b] not in [0, max_seq_len] or a block id bad
   kDecodePlanOverflow = 1u << 12,       // the decode work plan outgrew its proven bounds (a bug)
+  kGatherRowOutOfRange = 1u << 13,      // row_index[t] not in [0, rows of src)
+  kDcpSlotBadIndex = 1u << 14,          // token_to_req, block column or block id of a token bad
 };
 
 // Device address of the error word of the current device (a __device__ variable; no allocation).
