@@ -137,6 +137,20 @@ struct DecodePlanShape {
 // captured CUDA graph serves any lengths up to max_seq_len (a longer one is a bad index: NaN rows
 // and the device error word).
 DecodeSchedule plan_mla_decode(const DecodePlanShape& shape, std::span<const int32_t> seq_lens);
+// Plans ahead, for schedules the device plans at run time (kDevicePlanned): writes the work plan
+// for the device seq_lens into split_workspace now, on `stream`, and returns the schedule marked
+// planned_ahead, with which every mla_decode of the same seq_lens (unchanged since) and
+// split_workspace skips planning, e.g. every layer of one engine step. Other schedules are
+// returned as they are. Not graph-capturable by itself is no concern: plan_step calls it before
+// the layers (and before a graph replay).
+// block_table:     i32 [B, max_blocks] (its width bounds the lengths, as in mla_decode)
+// seq_lens:        i32 [B] on the device
+// split_workspace: f32 with >= mla_decode_workspace_elems(schedule, s_q, N, kv_lora_rank) elements
+DecodeSchedule mla_decode_plan_ahead(const DecodeSchedule& schedule, const TensorView& block_table,
+                                     const TensorView& seq_lens, int64_t block_size,
+                                     int64_t kv_lora_rank, const TensorView& split_workspace,
+                                     Stream stream = {});
+
 // The largest mla_decode_workspace_elems of any schedule plan_mla_decode returns for `shape`, over
 // all seq_lens up to shape.max_seq_len: sizes an engine's workspace up front.
 int64_t mla_decode_max_workspace_elems(const DecodePlanShape& shape, int64_t kv_lora_rank);

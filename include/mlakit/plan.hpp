@@ -78,6 +78,11 @@ struct DeviceDecodeSchedule {
   int64_t max_seq_len = 0;
   int64_t num_parts = 0;  // P: CTAs per tile of query rows, each taking one share of the keys
   bool batch_invariant = false;  // pieces depend on the request's own seq_len only
+  // The split workspace already holds this schedule's work plan for the call's seq_lens: an
+  // earlier mla_decode with the same schedule, seq_lens (unchanged since) and split workspace,
+  // on the same stream, wrote it (e.g. the first layer of a step for the other layers). The call
+  // then skips planning. Wrong use gives wrong results: the orchestrator sets it, not users.
+  bool planned_ahead = false;
 };
 
 struct DecodeSchedule {

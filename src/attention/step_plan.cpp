@@ -290,7 +290,7 @@ std::vector<int64_t> launch_signature(const StepPlan::State& s) {
     sig.insert(sig.end(), {run.first_request, run.num_requests, run.first_token, run.query_len,
                            static_cast<int64_t>(sc.kind), sc.total_splits, sc.max_splits, dev.batch,
                            dev.s_q, dev.num_heads, dev.max_seq_len, dev.num_parts,
-                           dev.batch_invariant});
+                           dev.batch_invariant, dev.planned_ahead});
     sig.insert(sig.end(), sc.split_offsets.begin(), sc.split_offsets.end());
     sig.insert(sig.end(), sc.split_len.begin(), sc.split_len.end());
   }
@@ -382,6 +382,15 @@ StepPlan plan_step(const MlaAttentionConfig& config, const ForwardBatch& batch,
   }
   upload(ws, host, s.buffers.metadata, stream);
   ops::prepare_stream(c.device, stream);  // the layers' forward may then be captured
+  // A decode-only step of one run plans its decode once here, for every layer: its split
+  // workspace is not shared with prefill temporaries, and one run uses it alone.
+  if (s.prefill_tokens == 0 && s.runs.runs.size() == 1) {
+    DecodeRun& run = s.runs.runs.front();
+    run.schedule = ops::mla_decode_plan_ahead(
+        run.schedule, s.block_table.narrow(0, run.first_request, run.num_requests),
+        s.seq_lens.narrow(0, run.first_request, run.num_requests), c.block_size,
+        c.dims.kv_lora_rank, s.buffers.split_ws, stream);
+  }
 
   s.workspace = &ws;
   s.generation = ++ws.generation;

@@ -7,6 +7,7 @@
 #include "mlakit/ops.hpp"
 
 #ifdef MLAKIT_WITH_CUDA
+#include "cuda/decode/decode.hpp"
 #include "cuda/decode/schedule.hpp"
 #endif
 
@@ -61,6 +62,47 @@ int64_t mla_decode_max_workspace_elems(const DecodePlanShape& shape, int64_t kv_
   // The other backends plan from the shape alone: their schedule for any lengths is this one.
   return mla_decode_workspace_elems(plan_mla_decode(shape, {}), shape.s_q, shape.num_heads,
                                     kv_lora_rank);
+}
+
+DecodeSchedule mla_decode_plan_ahead(const DecodeSchedule& schedule, const TensorView& block_table,
+                                     const TensorView& seq_lens, int64_t block_size,
+                                     int64_t kv_lora_rank, const TensorView& split_workspace,
+                                     Stream stream) {
+  constexpr const char* kOp = "mla_decode_plan_ahead";
+  if (schedule.kind != DecodeScheduleKind::kDevicePlanned) return schedule;
+  const Device device = detail::common_device(kOp, {{"block_table", &block_table},
+                                                    {"seq_lens", &seq_lens},
+                                                    {"split_workspace", &split_workspace}});
+  const DeviceDecodeSchedule& d = schedule.device;
+  detail::check_storage(kOp, "block_table", block_table);
+  detail::check_ndim(kOp, "block_table", block_table, 2);
+  detail::check_dtype(kOp, "block_table", block_table, {DType::kI32});
+  detail::check_size(kOp, "block_table", block_table, 0, d.batch);
+  detail::check_storage(kOp, "seq_lens", seq_lens);
+  detail::check_ndim(kOp, "seq_lens", seq_lens, 1);
+  detail::check_dtype(kOp, "seq_lens", seq_lens, {DType::kI32});
+  detail::check_size(kOp, "seq_lens", seq_lens, 0, d.batch);
+  require(block_size > 0, ErrorCode::kInvalidArgument, kOp, ": block_size must be > 0, got ",
+          block_size);
+  detail::check_storage(kOp, "split_workspace", split_workspace);
+  detail::check_dtype(kOp, "split_workspace", split_workspace, {DType::kF32});
+  detail::check_contiguous(kOp, "split_workspace", split_workspace);
+  const int64_t needed = mla_decode_workspace_elems(schedule, d.s_q, d.num_heads, kv_lora_rank);
+  require(split_workspace.numel() >= needed, ErrorCode::kInvalidArgument, kOp,
+          ": split_workspace must hold at least ", needed, " f32 elements, got ",
+          split_workspace.numel());
+#ifdef MLAKIT_WITH_CUDA
+  if (device.is_cuda()) {
+    cuda::mla_decode_plan_ahead(schedule, block_table, seq_lens, block_size,
+                                split_workspace.data_as<float>(), stream);
+    DecodeSchedule planned = schedule;
+    planned.device.planned_ahead = true;
+    return planned;
+  }
+#else
+  (void)stream;
+#endif
+  detail::unsupported_device(kOp, device);
 }
 
 }  // namespace mlakit::ops

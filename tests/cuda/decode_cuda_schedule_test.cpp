@@ -100,6 +100,7 @@ TEST(DecodeCudaSchedule, HandWorkedBalancedPlan) {
   const std::vector<int32_t> lens = {100, 0, 700, 64};
   const HostWorkPlan p = host_work_plan(lens, 1000, 3, false);
   EXPECT_EQ(p.share, 8);
+  EXPECT_FALSE(p.whole);  // 2 requests of up to 13 units per part against a share of 8
   const std::vector<cuda::SegmentRecord> want = {
       {0, 0, 100, -1}, {1, 0, 0, -1}, {2, 0, 512, 0}, {2, 512, 700, 1}, {3, 0, 64, -1}};
   ASSERT_EQ(p.segments.size(), want.size());
@@ -110,6 +111,25 @@ TEST(DecodeCudaSchedule, HandWorkedBalancedPlan) {
   EXPECT_EQ(p.splits[0].request, 2);
   EXPECT_EQ(p.splits[0].first_slot, 0);
   EXPECT_EQ(p.splits[0].num_segments, 2);
+}
+
+// Eight requests of 4096 keys (64 tiles, cost 66) over P = 4: share 132, and two whole requests
+// per part cost 132 <= 132 + kCombineCostTiles + 16 rows / 16: no request is cut. Over P = 6 the
+// share drops to 88 while a part would still hold two requests: the balanced cuts win.
+TEST(DecodeCudaSchedule, HandWorkedWholeRequestPlan) {
+  const std::vector<int32_t> lens(8, 4096);
+  const HostWorkPlan p = host_work_plan(lens, 8192, 4, false);
+  EXPECT_TRUE(p.whole);
+  ASSERT_EQ(p.segments.size(), 8u);
+  for (size_t b = 0; b < 8; ++b)
+    EXPECT_TRUE(p.segments[b] == (cuda::SegmentRecord{int32_t(b), 0, 4096, -1}));
+  EXPECT_EQ(p.segment_part, (std::vector<int32_t>{0, 0, 1, 1, 2, 2, 3, 3}));
+  EXPECT_EQ(p.part_begin, (std::vector<int32_t>{0, 2, 4, 6, 8}));
+  EXPECT_EQ(p.partials, 0);
+  EXPECT_FALSE(host_work_plan(lens, 8192, 6, false).whole);
+  // The merge of 128-row requests costs more: with P = 6 and 128 rows, 132 <= 88 + 2 + 8 fails too.
+  EXPECT_FALSE(host_work_plan(lens, 8192, 6, false, 128).whole);
+  EXPECT_FALSE(host_work_plan(lens, 8192, 4, true).whole);  // batch-invariant pieces never merge
 }
 
 // lens {1100, 0, 2100}: tiles 18 (2 pieces of 9), 0 (one empty piece), 33 (3 pieces of 11); costs
@@ -200,6 +220,14 @@ void check_plan(const std::vector<int32_t>& lens, int64_t max_seq_len, int64_t p
     total += cuda::request_cost(invariant, cuda::key_tiles(valid ? len : 0));
   }
   ASSERT_EQ(p.share, std::max<int64_t>(1, (total + parts - 1) / parts));
+  const int64_t batch = static_cast<int64_t>(lens.size());
+  if (p.whole) {  // whole requests: ceil(B / P) of them at most per part, and no partial
+    ASSERT_FALSE(invariant);
+    ASSERT_EQ(p.partials, 0);
+    for (int64_t part = 0; part < parts; ++part)
+      ASSERT_LE(p.part_begin[part + 1] - p.part_begin[part], (batch + parts - 1) / parts);
+    return;
+  }
   const int64_t slack = invariant ? kF + cuda::kInvariantPieceTiles : kF;
   for (int64_t part = 0; part < parts; ++part) {
     int64_t work = 0;

@@ -633,6 +633,41 @@ TEST(MlaDecodeCuda, BatchInvariantRequestIsBitwiseTheSameInAnyBatch) {
   check_batch_invariance(fp8, 2500, 1103);
 }
 
+// A plan written ahead (mla_decode_plan_ahead, as plan_step does for the layers of a step) serves
+// several decodes of the same lengths: each gives the bits of a decode that plans itself.
+TEST(MlaDecodeCuda, PlannedAheadScheduleServesSeveralDecodes) {
+  MLAKIT_SKIP_WITHOUT_GPU();
+  auto rng = test::make_rng(1200);
+  for (int64_t heads : {16, 128}) {
+    Case c;
+    c.heads = heads;
+    c.out_dtype = DType::kBF16;
+    std::uniform_int_distribution<int32_t> len(0, 3000);
+    for (int b = 0; b < 24; ++b) c.seq_lens.push_back(len(rng));
+    SCOPED_TRACE(c.name());
+    const HostInputs in = make_inputs(c, rng);
+    const DeviceInputs d = upload(in);
+    const Results want = run_gpu(c, d, 0);
+    const DecodeSchedule s = schedule_for(c, d.block_table.view(), 0, false);
+    const Tensor ws = device_nan(
+        {std::max<int64_t>(1, ops::mla_decode_workspace_elems(s, c.s_q, c.heads, kRank))},
+        DType::kF32);
+    const DecodeSchedule planned =
+        ops::mla_decode_plan_ahead(s, d.block_table, d.seq_lens, c.block_size, kRank, ws);
+    ASSERT_TRUE(planned.device.planned_ahead);
+    for (int layer = 0; layer < 3; ++layer) {
+      const Tensor out = device_nan({c.batch(), c.s_q, c.heads, kRank}, c.out_dtype);
+      const Tensor lse = device_nan({c.batch(), c.s_q, c.heads}, DType::kF32);
+      ops::mla_decode(d.q, d.cache, d.block_table, d.seq_lens, out, lse, c.params(), planned, ws);
+      EXPECT_TRUE(test::all_close(want.out, test::to_doubles(to_host(out)), {0, 0}))
+          << "layer " << layer;
+      EXPECT_TRUE(test::all_close(want.lse, test::to_doubles(to_host(lse)), {0, 0}))
+          << "layer " << layer;
+    }
+  }
+  EXPECT_NO_THROW(ops::check_device_errors(Device::cuda(0)));
+}
+
 // The self-planning overload on GPU tensors: plans from the shape, allocates its workspace.
 TEST(MlaDecodeCuda, ConvenienceOverloadPlansItself) {
   MLAKIT_SKIP_WITHOUT_GPU();

@@ -540,6 +540,56 @@ std::vector<Sched> balanced(std::initializer_list<int64_t> parts) {
 
 // The plan kernel's records for `lens`, emulated, against the host assembly of the same plan:
 // several chunks of 256 requests, part searches over up to 256 parts, bad lengths.
+// The plan kernel's records for `lens` (max_len bounds them), emulated, against the host
+// assembly of the same plan.
+void expect_plan_kernel_matches_host(const std::vector<int32_t>& lens, int32_t max_len,
+                                     int64_t parts, bool invariant) {
+  const int64_t batch = static_cast<int64_t>(lens.size());
+  const HostWorkPlan want = host_work_plan(lens, max_len, parts, invariant);
+
+  const cuda::WorkPlanBounds bounds = cuda::work_plan_bounds(batch, parts, invariant, max_len);
+  const cuda::WorkspaceLayout layout = cuda::workspace_layout(parts, bounds, 16, kRank);
+  std::vector<int32_t> ws(static_cast<size_t>(layout.partial_lse), -7);  // poison
+  cuda::decode_sm90::PlanParams p{};
+  p.seq_lens = lens.data();
+  p.seq_lens_stride = 1;
+  p.batch = static_cast<int32_t>(batch);
+  p.max_seq_len = max_len;
+  p.num_parts = static_cast<int32_t>(parts);
+  p.rows = 16;  // host_work_plan's default
+  p.batch_invariant = invariant;
+  p.bounds = bounds;
+  p.header = ws.data();
+  p.part_begin = ws.data() + layout.part_begin;
+  p.segments = reinterpret_cast<cuda::SegmentRecord*>(ws.data() + layout.segments);
+  p.segment_part = ws.data() + layout.segment_part;
+  p.splits = reinterpret_cast<cuda::SplitRecord*>(ws.data() + layout.splits);
+  uint32_t error_word = 0;
+  p.error_word = &error_word;
+  run_grid(sm90::mla_decode_plan_kernel, p, 1);
+
+  EXPECT_EQ(error_word, 0u);
+  ASSERT_EQ(ws[cuda::kHeaderSegments], static_cast<int32_t>(want.segments.size()));
+  ASSERT_EQ(ws[cuda::kHeaderSplitRequests], static_cast<int32_t>(want.splits.size()));
+  ASSERT_EQ(ws[cuda::kHeaderPartials], static_cast<int32_t>(want.partials));
+  for (size_t i = 0; i < want.segments.size(); ++i) {
+    const cuda::SegmentRecord& got = p.segments[i];
+    const cuda::SegmentRecord& w = want.segments[i];
+    ASSERT_TRUE(got.request == w.request && got.key_begin == w.key_begin &&
+                got.key_end == w.key_end && got.slot == w.slot)
+        << "segment " << i;
+    ASSERT_EQ(p.segment_part[i], want.segment_part[i]) << "segment " << i;
+  }
+  for (size_t i = 0; i < want.splits.size(); ++i) {
+    ASSERT_EQ(p.splits[i].request, want.splits[i].request) << i;
+    ASSERT_EQ(p.splits[i].first_slot, want.splits[i].first_slot) << i;
+    ASSERT_EQ(p.splits[i].num_segments, want.splits[i].num_segments) << i;
+  }
+  for (int64_t part = 0; part <= parts; ++part) {
+    ASSERT_EQ(p.part_begin[part], want.part_begin[part]) << "part " << part;
+  }
+}
+
 TEST(MlaDecodeEmulated, PlanKernelMatchesTheHostPlan) {
   auto rng = test::make_rng(50);
   for (bool invariant : {false, true}) {
@@ -551,50 +601,25 @@ TEST(MlaDecodeEmulated, PlanKernelMatchesTheHostPlan) {
         std::uniform_int_distribution<int32_t> len(-2, max_len + 2);  // a few bad ones
         std::vector<int32_t> lens;
         for (int64_t b = 0; b < batch; ++b) lens.push_back(len(rng));
-        const HostWorkPlan want = host_work_plan(lens, max_len, parts, invariant);
-
-        const cuda::WorkPlanBounds bounds =
-            cuda::work_plan_bounds(batch, parts, invariant, max_len);
-        const cuda::WorkspaceLayout layout = cuda::workspace_layout(parts, bounds, 16, kRank);
-        std::vector<int32_t> ws(static_cast<size_t>(layout.partial_lse), -7);  // poison
-        cuda::decode_sm90::PlanParams p{};
-        p.seq_lens = lens.data();
-        p.seq_lens_stride = 1;
-        p.batch = static_cast<int32_t>(batch);
-        p.max_seq_len = max_len;
-        p.num_parts = static_cast<int32_t>(parts);
-        p.batch_invariant = invariant;
-        p.bounds = bounds;
-        p.header = ws.data();
-        p.part_begin = ws.data() + layout.part_begin;
-        p.segments = reinterpret_cast<cuda::SegmentRecord*>(ws.data() + layout.segments);
-        p.segment_part = ws.data() + layout.segment_part;
-        p.splits = reinterpret_cast<cuda::SplitRecord*>(ws.data() + layout.splits);
-        uint32_t error_word = 0;
-        p.error_word = &error_word;
-        run_grid(sm90::mla_decode_plan_kernel, p, 1);
-
-        EXPECT_EQ(error_word, 0u);
-        ASSERT_EQ(ws[cuda::kHeaderSegments], static_cast<int32_t>(want.segments.size()));
-        ASSERT_EQ(ws[cuda::kHeaderSplitRequests], static_cast<int32_t>(want.splits.size()));
-        ASSERT_EQ(ws[cuda::kHeaderPartials], static_cast<int32_t>(want.partials));
-        for (size_t i = 0; i < want.segments.size(); ++i) {
-          const cuda::SegmentRecord& got = p.segments[i];
-          const cuda::SegmentRecord& w = want.segments[i];
-          ASSERT_TRUE(got.request == w.request && got.key_begin == w.key_begin &&
-                      got.key_end == w.key_end && got.slot == w.slot)
-              << "segment " << i;
-          ASSERT_EQ(p.segment_part[i], want.segment_part[i]) << "segment " << i;
-        }
-        for (size_t i = 0; i < want.splits.size(); ++i) {
-          ASSERT_EQ(p.splits[i].request, want.splits[i].request) << i;
-          ASSERT_EQ(p.splits[i].first_slot, want.splits[i].first_slot) << i;
-          ASSERT_EQ(p.splits[i].num_segments, want.splits[i].num_segments) << i;
-        }
-        for (int64_t part = 0; part <= parts; ++part) {
-          ASSERT_EQ(p.part_begin[part], want.part_begin[part]) << "part " << part;
-        }
+        expect_plan_kernel_matches_host(lens, max_len, parts, invariant);
       }
+    }
+  }
+}
+
+// Equal lengths with B = P or 2 P: the plan keeps every request whole (no partial, no combine).
+TEST(MlaDecodeEmulated, PlanKernelKeepsEqualRequestsWhole) {
+  auto rng = test::make_rng(51);
+  for (int64_t parts : {3, 66, 132}) {
+    for (int64_t per_part : {1, 2}) {
+      SCOPED_TRACE(testing::Message() << "P " << parts << " B " << parts * per_part);
+      const int32_t max_len = 9000;
+      const std::vector<int32_t> lens(static_cast<size_t>(parts * per_part),
+                                      std::uniform_int_distribution<int32_t>(1, max_len)(rng));
+      const HostWorkPlan want = host_work_plan(lens, max_len, parts, false);
+      EXPECT_TRUE(want.whole);
+      EXPECT_EQ(want.partials, 0);
+      expect_plan_kernel_matches_host(lens, max_len, parts, false);
     }
   }
 }

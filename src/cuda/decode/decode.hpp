@@ -19,4 +19,12 @@ namespace mlakit::cuda {
 // sets kDecodeBadIndex in the device error word.
 void mla_decode(const DecodeProblem& problem, const DecodeSchedule& schedule, Stream stream);
 
+// Launches the plan kernel alone: the work plan of a kDevicePlanned `schedule` for the device
+// seq_lens (i32 [B]; lengths beyond block_table's width x block_size, block_table i32 [B, width],
+// are planned as bad, as mla_decode does) into `workspace` (the schedule's split workspace), on
+// `stream`. mla_decode with the schedule marked planned_ahead then skips planning.
+void mla_decode_plan_ahead(const DecodeSchedule& schedule, const TensorView& block_table,
+                           const TensorView& seq_lens, int64_t block_size, float* workspace,
+                           Stream stream);
+
 }  // namespace mlakit::cuda

@@ -18,6 +18,12 @@
 //    invariant_piece_tiles(tiles_b) tiles, which depend on its own length only; piece k costs F +
 //    its tiles, and belongs whole to the part owning its middle unit. Parts therefore only decide
 //    which CTA computes a piece, never where a piece starts or ends.
+//  - Whole requests (balanced mode, when cutting does not pay): every request is one segment and
+//    parts take consecutive requests, floor or ceil(B / P) each. Cutting costs more than the
+//    segments' fixed costs the cost line counts (partial rows written and read back, and the
+//    combine launch), so when the longest request times ceil(B / P) is within that of the balanced
+//    share (uniform lengths with B >= P, say) the plan keeps requests whole: no partial, no
+//    combine, the schedule an equal-length batch wants.
 // Segments are numbered request by request, piece by piece; their parts never decrease, so part
 // p's segments are one range. A request with more than one segment writes one partial result per
 // segment, into consecutive partial slots, and the combine merges them in segment order.
@@ -83,6 +89,29 @@ MLAKIT_HOST_DEVICE constexpr int64_t request_cost(bool batch_invariant, int64_t 
 // parts.
 MLAKIT_HOST_DEVICE constexpr int64_t part_share(int64_t total_cost, int64_t parts) {
   return max_i64(1, ceil_div_i64(total_cost, parts));
+}
+
+// Cost of merging the requests a balanced plan cuts, in key tiles of work, besides the segments'
+// fixed costs: the combine's launch and tail (about two tiles' time), plus per 16 query rows of a
+// request one tile (a cut request writes and re-reads 2052 bytes per row and segment; 16 rows of
+// two segments move about half a 64-key bf16 tile, at the time a tile's share of bandwidth takes).
+inline constexpr int64_t kCombineCostTiles = 2;
+inline constexpr int64_t kPartialRowsPerTile = 16;
+
+// Whether a balanced plan keeps every request whole (see the header): its makespan, ceil(B / P)
+// requests of at most max_cost units per part, is within the cost of merging of the cut plan's
+// share. rows: query rows per request (s_q * N).
+MLAKIT_HOST_DEVICE constexpr bool whole_requests(bool batch_invariant, int64_t batch, int64_t parts,
+                                                 int64_t total_cost, int64_t max_cost,
+                                                 int64_t rows) {
+  if (batch_invariant || batch == 0) return false;
+  return max_cost * ceil_div_i64(batch, parts) <= part_share(total_cost, parts) +
+                                                      kCombineCostTiles +
+                                                      ceil_div_i64(rows, kPartialRowsPerTile);
+}
+// The part of request b in a whole-request plan: consecutive requests, floor or ceil(B / P) each.
+MLAKIT_HOST_DEVICE constexpr int64_t whole_request_part(int64_t b, int64_t batch, int64_t parts) {
+  return batch <= parts ? b : b * parts / batch;
 }
 
 // Segments of a request with `tiles` key tiles that starts at unit `start`.

@@ -102,6 +102,15 @@ DevicePlanSizes check_supported(const DecodeProblem& pr, const DecodeSchedule& s
   return sizes;
 }
 
+// The longest seq_len the kernels accept: what the block table addresses, capped by the schedule's
+// bound and by kMaxSeqLen.
+int32_t kernel_max_seq_len(int64_t table_width, int64_t block_size,
+                           const DecodeSchedule& schedule) {
+  const int64_t table_len =
+      table_width > kMaxSeqLen / block_size ? kMaxSeqLen : table_width * block_size;
+  return static_cast<int32_t>(std::min(table_len, schedule.device.max_seq_len));
+}
+
 DecodeKernelParams make_params(const DecodeProblem& pr, const DecodeSchedule& schedule,
                                const WorkspaceLayout& layout) {
   DecodeKernelParams k{};
@@ -125,9 +134,7 @@ DecodeKernelParams make_params(const DecodeProblem& pr, const DecodeSchedule& sc
   k.block_table_stride_col = bt.strides[1];
   k.seq_lens = static_cast<const int32_t*>(pr.seq_lens.data);
   k.seq_lens_stride = pr.seq_lens.strides[0];
-  const int64_t width = bt.size(1), block_size = cache.size(1);
-  const int64_t table_len = width > kMaxSeqLen / block_size ? kMaxSeqLen : width * block_size;
-  k.max_seq_len = static_cast<int32_t>(std::min(table_len, schedule.device.max_seq_len));
+  k.max_seq_len = kernel_max_seq_len(bt.size(1), cache.size(1), schedule);
 
   k.out = out.data;
   k.out_stride_batch = out.strides[0];
@@ -159,17 +166,20 @@ DecodeKernelParams make_params(const DecodeProblem& pr, const DecodeSchedule& sc
   return k;
 }
 
-// The plan kernel's arguments: it reads what the decode reads and writes the workspace regions the
-// decode and the combine read.
-PlanParams make_plan_params(const DecodeKernelParams& k, const DecodeSchedule& schedule,
-                            const DevicePlanSizes& sizes, float* workspace) {
+// The plan kernel's arguments: it reads the seq_lens the decode reads (with the decode's bound)
+// and writes the workspace regions the decode and the combine read.
+PlanParams make_plan_params(const TensorView& seq_lens, int32_t max_seq_len,
+                            const DecodeSchedule& schedule, const DevicePlanSizes& sizes,
+                            float* workspace) {
+  const DeviceDecodeSchedule& d = schedule.device;
   PlanParams p{};
-  p.seq_lens = k.seq_lens;
-  p.seq_lens_stride = k.seq_lens_stride;
-  p.batch = k.batch;
-  p.max_seq_len = k.max_seq_len;
-  p.num_parts = k.num_parts;
-  p.batch_invariant = schedule.device.batch_invariant;
+  p.seq_lens = static_cast<const int32_t*>(seq_lens.data);
+  p.seq_lens_stride = seq_lens.strides[0];
+  p.batch = static_cast<int32_t>(d.batch);
+  p.max_seq_len = max_seq_len;
+  p.num_parts = static_cast<int32_t>(d.num_parts);
+  p.rows = static_cast<int32_t>(d.s_q * d.num_heads);
+  p.batch_invariant = d.batch_invariant;
   p.bounds = sizes.bounds;
   const WorkspaceLayout& l = sizes.layout;
   p.header = reinterpret_cast<int32_t*>(workspace);
@@ -212,7 +222,8 @@ LaunchPlan plan_launch(const DecodeProblem& problem, const DecodeSchedule& sched
   const int64_t batch = problem.q.size(0), rows = problem.q.size(1) * problem.q.size(2);
   if (batch == 0 || rows == 0) return plan;
   plan.decode = make_params(problem, schedule, sizes.layout);
-  plan.plan = make_plan_params(plan.decode, schedule, sizes, problem.workspace);
+  plan.plan = make_plan_params(problem.seq_lens, plan.decode.max_seq_len, schedule, sizes,
+                               problem.workspace);
   plan.rows_per_cta = static_cast<int>(decode_rows_per_cta(rows));
   plan.decode_ctas = schedule.device.num_parts * plan.decode.row_tiles;
   // The MMA element type: the cache's own for 16-bit caches, the rope dtype for fp8_ds_mla (its
@@ -263,8 +274,10 @@ void mla_decode(const DecodeProblem& problem, const DecodeSchedule& schedule, St
   DeviceGuard guard(problem.q.device, kOp);
   plan.decode.error_word = plan.plan.error_word = device_error_word(kOp);
   const auto cuda_stream = static_cast<cudaStream_t>(stream.handle);
-  launch_plan_kernel(plan.plan, cuda_stream);
-  check_cuda(cudaGetLastError(), "plan kernel launch");
+  if (!schedule.device.planned_ahead) {
+    launch_plan_kernel(plan.plan, cuda_stream);
+    check_cuda(cudaGetLastError(), "plan kernel launch");
+  }
   switch (plan.format) {
     case CacheFormat::kNative:
       launch_for_format<CacheFormat::kNative>(plan, cuda_stream);
@@ -282,6 +295,23 @@ void mla_decode(const DecodeProblem& problem, const DecodeSchedule& schedule, St
                           cuda_stream);
     check_cuda(cudaGetLastError(), "combine kernel launch");
   }
+}
+
+void mla_decode_plan_ahead(const DecodeSchedule& schedule, const TensorView& block_table,
+                           const TensorView& seq_lens, int64_t block_size, float* workspace,
+                           Stream stream) {
+  const DeviceDecodeSchedule& d = schedule.device;
+  if (d.batch == 0) return;
+  const DevicePlanSizes sizes = device_plan_sizes(schedule, d.s_q * d.num_heads, kDimV, kOp);
+  require(reinterpret_cast<uintptr_t>(workspace) % 16 == 0, ErrorCode::kInvalidArgument, kOp,
+          ": on CUDA, split_workspace must start on a 16-byte boundary");
+  DeviceGuard guard(seq_lens.device, kOp);
+  PlanParams p =
+      make_plan_params(seq_lens, kernel_max_seq_len(block_table.size(1), block_size, schedule),
+                       schedule, sizes, workspace);
+  p.error_word = device_error_word(kOp);
+  launch_plan_kernel(p, static_cast<cudaStream_t>(stream.handle));
+  check_cuda(cudaGetLastError(), "plan kernel launch");
 }
 
 }  // namespace mlakit::cuda

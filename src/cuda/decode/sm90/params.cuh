@@ -87,6 +87,7 @@ struct PlanParams {
   int32_t batch;
   int32_t max_seq_len;  // the decode kernel's bound: a longer seq_len is planned as empty
   int32_t num_parts;
+  int32_t rows;  // query rows per request (s_q * N): what cutting a request costs to merge
   bool batch_invariant;
   WorkPlanBounds bounds;  // capacities of the regions below
 

@@ -1,6 +1,7 @@
 // The plan kernel of the sm90 decode (plan.cuh): device code, launched by plan.cu and run by the
 // emulation test. One CTA of kPlanThreads threads builds the work plan of work_plan.hpp:
 //   1. the cost line's length: every request's cost, summed over the CTA; share = ceil(total / P);
+//      the longest request's cost, which decides whether requests stay whole (whole_requests);
 //   2. requests in chunks of kPlanThreads: an exclusive scan of the costs gives each request its
 //      start unit, hence its segments; a second scan of (segments, partial slots, split requests)
 //      gives where its records go; each thread writes the records of its request;
@@ -27,6 +28,21 @@ struct PlanCounts {
 };
 __device__ __forceinline__ PlanCounts operator+(const PlanCounts& a, const PlanCounts& b) {
   return {a.segments + b.segments, a.partials + b.partials, a.splits + b.splits};
+}
+
+// Maximum of one value per thread over the CTA (a tree in `scratch`, [kPlanThreads] in shared
+// memory); every thread gets it. Every thread of the CTA must call it.
+__device__ __forceinline__ int64_t cta_max(int64_t value, int64_t* scratch) {
+  const int t = static_cast<int>(threadIdx.x);
+  scratch[t] = value;
+  __syncthreads();
+  for (int half = kPlanThreads / 2; half > 0; half /= 2) {
+    if (t < half) scratch[t] = max_i64(scratch[t], scratch[t + half]);
+    __syncthreads();
+  }
+  const int64_t result = scratch[0];
+  __syncthreads();  // scratch is free for the next use
+  return result;
 }
 
 // Exclusive prefix sum of one value per thread over the CTA (Hillis-Steele over kPlanThreads
@@ -59,12 +75,14 @@ __device__ __forceinline__ int64_t planned_seq_len(const PlanParams& p, int b) {
 // has several, its split record. Returns false if a record would leave the plan's bounds (then it
 // is not written).
 __device__ __forceinline__ bool write_request(const PlanParams& p, int b, int64_t seq_len,
-                                              int64_t start, int64_t share, int64_t n,
+                                              int64_t start, int64_t share, bool whole, int64_t n,
                                               const PlanCounts& at) {
   const int64_t tiles = key_tiles(seq_len);
   bool fits = true;
   for (int64_t k = 0; k < n; ++k) {
-    const SegmentRange r = request_segment(p.batch_invariant, start, tiles, share, k);
+    const SegmentRange r = whole
+                               ? SegmentRange{whole_request_part(b, p.batch, p.num_parts), 0, tiles}
+                               : request_segment(p.batch_invariant, start, tiles, share, k);
     const int64_t index = at.segments + k, slot = n > 1 ? at.partials + k : -1;
     if (index >= p.bounds.max_segments || slot >= p.bounds.max_partials || r.part >= p.num_parts) {
       fits = false;
@@ -89,14 +107,18 @@ __global__ void __launch_bounds__(kPlanThreads)
   const int t = static_cast<int>(threadIdx.x);
   const bool invariant = p.batch_invariant;
 
-  // 1. Length of the cost line and the share of each part.
-  int64_t own_cost = 0;
+  // 1. Length of the cost line, the share of each part, and whether requests stay whole.
+  int64_t own_cost = 0, own_max = 0;
   for (int b = t; b < p.batch; b += kPlanThreads) {
-    own_cost += request_cost(invariant, key_tiles(planned_seq_len(p, b)));
+    const int64_t cost = request_cost(invariant, key_tiles(planned_seq_len(p, b)));
+    own_cost += cost;
+    own_max = max_i64(own_max, cost);
   }
   int64_t total_cost = 0;
   cta_exclusive_sum(own_cost, total_cost, cost_scratch);
+  const int64_t max_cost = cta_max(own_max, cost_scratch);
   const int64_t share = part_share(total_cost, p.num_parts);
+  const bool whole = whole_requests(invariant, p.batch, p.num_parts, total_cost, max_cost, p.rows);
 
   // 2. The records, kPlanThreads requests at a time.
   int64_t cost_before = 0;
@@ -111,11 +133,11 @@ __global__ void __launch_bounds__(kPlanThreads)
     const int64_t start =
         cost_before + cta_exclusive_sum(real ? request_cost(invariant, tiles) : int64_t{0},
                                         chunk_cost, cost_scratch);
-    const int64_t n = real ? request_segment_count(invariant, start, tiles, share) : 0;
+    const int64_t n = !real ? 0 : whole ? 1 : request_segment_count(invariant, start, tiles, share);
     const PlanCounts own{n, n > 1 ? n : 0, n > 1 ? 1 : 0};
     PlanCounts chunk_counts{0, 0, 0};
     const PlanCounts at = before + cta_exclusive_sum(own, chunk_counts, count_scratch);
-    if (real) fits = write_request(p, b, seq_len, start, share, n, at) && fits;
+    if (real) fits = write_request(p, b, seq_len, start, share, whole, n, at) && fits;
     cost_before += chunk_cost;
     before = before + chunk_counts;
   }
