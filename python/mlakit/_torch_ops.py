@@ -119,6 +119,7 @@ def mla_decode(
     seq_lens: torch.Tensor,
     out: torch.Tensor,
     lse: torch.Tensor,
+    kv_lora_rank: int,
     scale: float,
     kv_cache_dtype: str,
     q_scale: float = 1.0,
@@ -126,12 +127,12 @@ def mla_decode(
 ) -> None:
     # The convenience form: plans the split-KV schedule from seq_lens on the host (host tensors).
     _ops.mla_decode(q, kv_cache, block_table, seq_lens, out, lse, scale, kv_cache_dtype, q_scale,
-                    k_scale)
+                    k_scale, kv_lora_rank=kv_lora_rank)
 
 
 @mla_decode.register_fake
-def _(q, kv_cache, block_table, seq_lens, out, lse, scale, kv_cache_dtype, q_scale=1.0,
-      k_scale=1.0):
+def _(q, kv_cache, block_table, seq_lens, out, lse, kv_lora_rank, scale, kv_cache_dtype,
+      q_scale=1.0, k_scale=1.0):
     return None
 
 

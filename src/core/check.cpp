@@ -40,6 +40,14 @@ void check_min_size(const char* op, const char* name, const TensorView& t, int d
           "] must be at least ", minimum, ", got ", t.size(dim), " (shape ", shape_string(t), ")");
 }
 
+void check_size_matches(const char* op, const char* name, const TensorView& t, int dim,
+                        const char* ref_name, const TensorView& ref, int ref_dim,
+                        const char* what) {
+  require(t.size(dim) == ref.size(ref_dim), ErrorCode::kInvalidArgument, op, ": ", name, ".shape[",
+          dim, "] must equal ", ref_name, ".shape[", ref_dim, "] (", what,
+          ") = ", ref.size(ref_dim), ", got ", t.size(dim), " (shape ", shape_string(t), ")");
+}
+
 void check_inner_contiguous(const char* op, const char* name, const TensorView& t) {
   require(t.ndim == 0 || t.shape[t.ndim - 1] <= 1 || t.strides[t.ndim - 1] == 1,
           ErrorCode::kInvalidArgument, op, ": ", name,

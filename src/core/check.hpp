@@ -33,6 +33,10 @@ void check_dtype(const char* op, const char* name, const TensorView& t,
 void check_size(const char* op, const char* name, const TensorView& t, int dim, int64_t expected);
 void check_min_size(const char* op, const char* name, const TensorView& t, int dim,
                     int64_t minimum);
+// t.shape[dim] equals ref.shape[ref_dim]; the message names both tensors and `what` the size is
+// ("<op>: out.shape[2] must equal q.shape[2] (num_heads) = 16, got 8").
+void check_size_matches(const char* op, const char* name, const TensorView& t, int dim,
+                        const char* ref_name, const TensorView& ref, int ref_dim, const char* what);
 // The innermost dimension has stride 1 (or size <= 1).
 void check_inner_contiguous(const char* op, const char* name, const TensorView& t);
 void check_contiguous(const char* op, const char* name, const TensorView& t);

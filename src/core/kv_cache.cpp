@@ -1,5 +1,7 @@
 #include "mlakit/kv_cache.hpp"
 
+#include <string>
+
 #include "core/check.hpp"
 
 namespace mlakit {
@@ -41,30 +43,36 @@ void KvCacheSpec::validate() const {
 
 void check_kv_cache(const char* op, const TensorView& cache, KvCacheDType kv_dtype,
                     const MlaDims& dims) {
-  detail::check_storage(op, "kv_cache", cache);
-  detail::check_ndim(op, "kv_cache", cache, 3);
+  check_kv_cache(op, "kv_cache", cache, kv_dtype, dims);
+}
+
+void check_kv_cache(const char* op, const char* name, const TensorView& cache,
+                    KvCacheDType kv_dtype, const MlaDims& dims) {
+  detail::check_storage(op, name, cache);
+  detail::check_ndim(op, name, cache, 3);
+  const std::string with_format =
+      detail::str_cat(name, " (kv_cache_dtype ", kv_cache_dtype_name(kv_dtype), ")");
   switch (kv_dtype) {
     case KvCacheDType::kAuto:
-      detail::check_float_activation(op, "kv_cache (kv_cache_dtype auto)", cache);
-      detail::check_size(op, "kv_cache", cache, 2, dims.entry_dim());
+      detail::check_float_activation(op, with_format.c_str(), cache);
+      detail::check_size(op, name, cache, 2, dims.entry_dim());
       break;
     case KvCacheDType::kFp8E4m3:
-      detail::check_dtype(op, "kv_cache (kv_cache_dtype fp8_e4m3)", cache,
-                          {DType::kU8, DType::kFp8E4m3});
-      detail::check_size(op, "kv_cache", cache, 2, dims.entry_dim());
+      detail::check_dtype(op, with_format.c_str(), cache, {DType::kU8, DType::kFp8E4m3});
+      detail::check_size(op, name, cache, 2, dims.entry_dim());
       break;
     case KvCacheDType::kFp8DsMla:
       require(dims.kv_lora_rank == kDsMlaKvLoraRank, ErrorCode::kInvalidArgument, op,
               ": kv_lora_rank must be 512 for fp8_ds_mla, got ", dims.kv_lora_rank);
       require(dims.qk_rope_head_dim == kDsMlaRopeDim, ErrorCode::kInvalidArgument, op,
               ": qk_rope_head_dim must be 64 for fp8_ds_mla, got ", dims.qk_rope_head_dim);
-      detail::check_dtype(op, "kv_cache (kv_cache_dtype fp8_ds_mla)", cache, {DType::kU8});
-      detail::check_size(op, "kv_cache", cache, 2, kDsMlaEntryBytes);
+      detail::check_dtype(op, with_format.c_str(), cache, {DType::kU8});
+      detail::check_size(op, name, cache, 2, kDsMlaEntryBytes);
       break;
   }
-  detail::check_inner_contiguous(op, "kv_cache", cache);
-  require(cache.size(1) > 0, ErrorCode::kInvalidArgument, op,
-          ": kv_cache block_size (shape[1]) must be > 0");
+  detail::check_inner_contiguous(op, name, cache);
+  require(cache.size(1) > 0, ErrorCode::kInvalidArgument, op, ": ", name,
+          " block_size (shape[1]) must be > 0");
 }
 
 }  // namespace mlakit

@@ -33,20 +33,54 @@ int64_t read_i32(const TensorView& t, int64_t offset) {
   return static_cast<const int32_t*>(t.data)[offset];
 }
 
-// Entry width in elements the cache format implies for q (K = entry[0:D]).
-int64_t entry_dim_of(const TensorView& kv_cache, KvCacheDType kv_dtype) {
-  return kv_dtype == KvCacheDType::kFp8DsMla ? kDsMlaKvLoraRank + kDsMlaRopeDim : kv_cache.size(2);
-}
-
-// seq_lens: i32 [B] on the host; every value in [0, max_blocks * block_size].
-void check_seq_lens_host(const TensorView& seq_lens, int64_t max_blocks, int64_t block_size) {
+// seq_lens: i32 [B] on the host; every value in [0, max_blocks * block_size], and 0 or >= s_q
+// (a request's keys include its s_q new tokens).
+void check_seq_lens_host(const TensorView& seq_lens, int64_t s_q, int64_t max_blocks,
+                         int64_t block_size) {
   const int64_t limit = max_blocks * block_size;
   for (int64_t b = 0; b < seq_lens.size(0); ++b) {
     const int64_t len = read_i32(seq_lens, b * seq_lens.strides[0]);
     require(len >= 0 && len <= limit, ErrorCode::kInvalidArgument, kOp, ": seq_lens[", b,
             "] must be in [0, ", limit, "] (block_table width ", max_blocks, " x block_size ",
             block_size, "), got ", len);
+    require(len == 0 || len >= s_q, ErrorCode::kInvalidArgument, kOp, ": seq_lens[", b,
+            "] must be 0 or at least s_q = q.shape[1] = ", s_q,
+            " (seq_lens count the new tokens too), got ", len);
   }
+}
+
+// The entry width q must have and the latent width L, from q, out, the cache format and
+// params.kv_lora_rank; messages name the argument that disagrees.
+struct DecodeWidths {
+  int64_t entry_dim;     // L + R: q.shape[3], K = entry[0:L+R]
+  int64_t kv_lora_rank;  // L: out.shape[3], V = entry[0:L]
+};
+DecodeWidths decode_widths(const TensorView& q, const TensorView& kv_cache, const TensorView& out,
+                           const DecodeParams& params) {
+  const int64_t dim = q.size(3);
+  if (params.kv_dtype == KvCacheDType::kFp8DsMla) {
+    require(dim == kDsMlaKvLoraRank + kDsMlaRopeDim, ErrorCode::kInvalidArgument, kOp,
+            ": q.shape[3] must equal ", kDsMlaKvLoraRank + kDsMlaRopeDim,
+            " (kv_lora_rank 512 + rope 64, the only dims of kv_cache_dtype fp8_ds_mla), got ", dim);
+  } else {
+    require(kv_cache.size(2) == dim, ErrorCode::kInvalidArgument, kOp,
+            ": kv_cache.shape[2] (the cache entry width) must equal q.shape[3] (L + R) = ", dim,
+            ", got ", kv_cache.size(2), " (kv_cache shape ", detail::shape_string(kv_cache), ")");
+  }
+  const int64_t rank = params.kv_lora_rank > 0 ? params.kv_lora_rank : out.size(3);
+  require(params.kv_lora_rank >= 0, ErrorCode::kInvalidArgument, kOp,
+          ": kv_lora_rank must be > 0, got ", params.kv_lora_rank);
+  require(rank > 0 && rank < dim, ErrorCode::kInvalidArgument, kOp,
+          ": kv_lora_rank must be in [1, q.shape[3] - 1 = ", dim - 1, "] (L of L + R = ", dim,
+          "), got ", rank);
+  if (params.kv_dtype == KvCacheDType::kFp8DsMla) {
+    require(rank == kDsMlaKvLoraRank, ErrorCode::kInvalidArgument, kOp,
+            ": kv_lora_rank must be 512 for kv_cache_dtype fp8_ds_mla, got ", rank);
+  }
+  require(out.size(3) == rank, ErrorCode::kInvalidArgument, kOp,
+          ": out.shape[3] must equal kv_lora_rank (the latent width L) = ", rank, ", got ",
+          out.size(3), " (out shape ", detail::shape_string(out), ")");
+  return {dim, rank};
 }
 
 // The structure of the schedule (sizes, monotone offsets), independent of seq_lens' contents.
@@ -123,14 +157,14 @@ DecodeProblem validate(const TensorView& q, const TensorView& kv_cache,
                                 {"block_table", &block_table},
                                 {"seq_lens", &seq_lens},
                                 {"out", &out},
-                                {"lse_tokens_heads", &lse},
+                                {"lse", &lse},
                                 {"split_workspace", &workspace}}) {
     check_storage(kOp, name, *t);
   }
   check_ndim(kOp, "q", q, 4);
   check_ndim(kOp, "kv_cache", kv_cache, 3);
   check_ndim(kOp, "out", out, 4);
-  check_ndim(kOp, "lse_tokens_heads", lse, 3);
+  check_ndim(kOp, "lse", lse, 3);
   check_ndim(kOp, "block_table", block_table, 2);
   check_ndim(kOp, "seq_lens", seq_lens, 1);
 
@@ -142,26 +176,24 @@ DecodeProblem validate(const TensorView& q, const TensorView& kv_cache,
   }
   check_inner_contiguous(kOp, "q", q);
   const int64_t batch = q.size(0), s_q = q.size(1), heads = q.size(2);
-  const int64_t dim = entry_dim_of(kv_cache, params.kv_dtype);
-  check_size(kOp, "q", q, 3, dim);
 
   detail::check_float_activation(kOp, "out", out);
   check_inner_contiguous(kOp, "out", out);
-  for (int d = 0; d < 3; ++d) check_size(kOp, "out", out, d, q.size(d));
-  const int64_t rank = out.size(3);
-  require(rank > 0 && rank < dim, ErrorCode::kInvalidArgument, kOp,
-          ": out.shape[3] (kv_lora_rank) must be in [1, ", dim - 1, "] for ", dim,
-          "-wide entries, got ", rank);
+  constexpr const char* kQueryDims[3] = {"batch B", "s_q", "num_heads"};
+  for (int d = 0; d < 3; ++d)
+    detail::check_size_matches(kOp, "out", out, d, "q", q, d, kQueryDims[d]);
+  const auto [dim, rank] = decode_widths(q, kv_cache, out, params);
   check_kv_cache(kOp, kv_cache, params.kv_dtype,
                  MlaDims{.num_heads = heads, .kv_lora_rank = rank, .qk_rope_head_dim = dim - rank});
 
-  check_dtype(kOp, "lse_tokens_heads", lse, {DType::kF32});
-  for (int d = 0; d < 3; ++d) check_size(kOp, "lse_tokens_heads", lse, d, q.size(d));
+  check_dtype(kOp, "lse", lse, {DType::kF32});
+  for (int d = 0; d < 3; ++d)
+    detail::check_size_matches(kOp, "lse", lse, d, "q", q, d, kQueryDims[d]);
 
   check_dtype(kOp, "block_table", block_table, {DType::kI32});
-  check_size(kOp, "block_table", block_table, 0, batch);
+  detail::check_size_matches(kOp, "block_table", block_table, 0, "q", q, 0, kQueryDims[0]);
   check_dtype(kOp, "seq_lens", seq_lens, {DType::kI32});
-  check_size(kOp, "seq_lens", seq_lens, 0, batch);
+  detail::check_size_matches(kOp, "seq_lens", seq_lens, 0, "q", q, 0, kQueryDims[0]);
 
   detail::check_positive_finite(kOp, "scale", params.scale);
   detail::check_positive_finite(kOp, "q_scale", params.q_scale);
@@ -199,7 +231,7 @@ DecodeProblem validate(const TensorView& q, const TensorView& kv_cache,
 // Contents of the index tensors, for backends whose index tensors the host can read.
 void validate_indices_host(const DecodeProblem& p, const DecodeSchedule& schedule) {
   const int64_t block_size = p.kv_cache.size(1);
-  check_seq_lens_host(p.seq_lens, p.block_table.size(1), block_size);
+  check_seq_lens_host(p.seq_lens, p.q.size(1), p.block_table.size(1), block_size);
   check_schedule_host(schedule, p.seq_lens, block_size);
   check_block_ids_host(p.block_table, p.seq_lens, block_size, p.kv_cache.size(0));
 }
@@ -218,18 +250,18 @@ int64_t mla_decode_workspace_elems(const DecodeSchedule& schedule, int64_t s_q, 
 }
 
 void mla_decode(const TensorView& q, const TensorView& kv_cache, const TensorView& block_table,
-                const TensorView& seq_lens, const TensorView& out,
-                const TensorView& lse_tokens_heads, const DecodeParams& params,
-                const DecodeSchedule& schedule, const TensorView& split_workspace, Stream stream) {
+                const TensorView& seq_lens, const TensorView& out, const TensorView& lse,
+                const DecodeParams& params, const DecodeSchedule& schedule,
+                const TensorView& split_workspace, Stream stream) {
   const Device device = detail::common_device(kOp, {{"q", &q},
                                                     {"kv_cache", &kv_cache},
                                                     {"block_table", &block_table},
                                                     {"seq_lens", &seq_lens},
                                                     {"out", &out},
-                                                    {"lse_tokens_heads", &lse_tokens_heads},
+                                                    {"lse", &lse},
                                                     {"split_workspace", &split_workspace}});
-  const DecodeProblem problem = validate(q, kv_cache, block_table, seq_lens, out, lse_tokens_heads,
-                                         params, schedule, split_workspace);
+  const DecodeProblem problem =
+      validate(q, kv_cache, block_table, seq_lens, out, lse, params, schedule, split_workspace);
 #ifdef MLAKIT_WITH_CUDA
   // Index contents stay on the device (no host sync): the kernel guards them itself.
   if (device.is_cuda()) {
@@ -245,15 +277,15 @@ void mla_decode(const TensorView& q, const TensorView& kv_cache, const TensorVie
 }
 
 void mla_decode(const TensorView& q, const TensorView& kv_cache, const TensorView& block_table,
-                const TensorView& seq_lens, const TensorView& out,
-                const TensorView& lse_tokens_heads, const DecodeParams& params) {
+                const TensorView& seq_lens, const TensorView& out, const TensorView& lse,
+                const DecodeParams& params) {
   // Planning reads seq_lens on the host: this form serves host tensors only.
   const Device device = detail::common_device(kOp, {{"q", &q},
                                                     {"kv_cache", &kv_cache},
                                                     {"block_table", &block_table},
                                                     {"seq_lens", &seq_lens},
                                                     {"out", &out},
-                                                    {"lse_tokens_heads", &lse_tokens_heads}});
+                                                    {"lse", &lse}});
 #ifdef MLAKIT_WITH_CUDA
   require(!device.is_cuda(), ErrorCode::kUnsupported, kOp,
           ": this overload plans on the host and allocates its workspace; for CUDA tensors pass a "
@@ -270,7 +302,7 @@ void mla_decode(const TensorView& q, const TensorView& kv_cache, const TensorVie
   const int64_t block_size = kv_cache.size(1);
   require(block_size > 0, ErrorCode::kInvalidArgument, kOp,
           ": kv_cache block_size (shape[1]) must be > 0");
-  check_seq_lens_host(seq_lens, block_table.size(1), block_size);
+  check_seq_lens_host(seq_lens, q.size(1), block_table.size(1), block_size);
 
   std::vector<int32_t> lens(seq_lens.size(0));
   for (int64_t b = 0; b < seq_lens.size(0); ++b) {
@@ -279,8 +311,7 @@ void mla_decode(const TensorView& q, const TensorView& kv_cache, const TensorVie
   const DecodeSchedule schedule = plan_decode_splits(lens, block_size, cpu::num_threads());
   const Tensor workspace = Tensor::empty(
       {mla_decode_workspace_elems(schedule, q.size(1), q.size(2), out.size(3))}, DType::kF32);
-  mla_decode(q, kv_cache, block_table, seq_lens, out, lse_tokens_heads, params, schedule,
-             workspace);
+  mla_decode(q, kv_cache, block_table, seq_lens, out, lse, params, schedule, workspace);
 }
 
 }  // namespace mlakit::ops

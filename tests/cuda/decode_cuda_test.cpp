@@ -203,11 +203,13 @@ void check_case(const Case& c, uint64_t stream, std::vector<int64_t> splits = {0
 
 // ---- correctness grids -------------------------------------------------------------------------
 
-// 17 requests over the lengths the spec names: empty, one key, around one and two tiles, long.
-std::vector<int32_t> grid_lens(int64_t batch) {
-  const std::vector<int32_t> lens = {0, 1, 63, 64, 65, 1000};
+// Requests over the lengths the spec names: empty, the shortest valid one (s_q keys: seq_lens
+// count the new tokens too), around one and two tiles, long.
+std::vector<int32_t> grid_lens(int64_t batch, int64_t s_q) {
+  const auto shortest = static_cast<int32_t>(s_q);
+  const std::vector<int32_t> lens = {0, shortest, 63, 64, 65, 1000};
   if (batch == 1) return {1000};
-  if (batch == 3) return {65, 1000, 1};
+  if (batch == 3) return {65, 1000, shortest};
   std::vector<int32_t> out;
   for (int64_t b = 0; b < batch; ++b) out.push_back(lens[b % lens.size()]);
   return out;
@@ -219,7 +221,7 @@ TEST(MlaDecodeCuda, LengthsBlockSizesAndSpeculativeQueries) {
   for (int64_t bs : {16, 64, 128}) {
     for (int64_t s_q : {1, 2, 4, 8}) {
       Case c;
-      c.seq_lens = grid_lens(17);
+      c.seq_lens = grid_lens(17, s_q);
       c.block_size = bs;
       c.s_q = s_q;
       check_case(c, stream++);
@@ -228,7 +230,7 @@ TEST(MlaDecodeCuda, LengthsBlockSizesAndSpeculativeQueries) {
   for (int64_t batch : {1, 3}) {
     for (int64_t s_q : {1, 2, 4, 8}) {
       Case c;
-      c.seq_lens = grid_lens(batch);
+      c.seq_lens = grid_lens(batch, s_q);
       c.s_q = s_q;
       c.out_dtype = DType::kBF16;
       check_case(c, stream++);
@@ -264,7 +266,7 @@ TEST(MlaDecodeCuda, SixtyFourRowTilesOverSixteenBitCaches) {
   for (DType dt : {DType::kBF16, DType::kF16}) {
     for (auto [heads, s_q] : {std::pair<int64_t, int64_t>{40, 1}, {40, 3}, {128, 2}}) {
       Case c;
-      c.seq_lens = {1000, 130, 0, 64, 1, 127};
+      c.seq_lens = {1000, 130, 0, 64, static_cast<int32_t>(s_q), 127};
       c.heads = heads;
       c.s_q = s_q;
       c.block_size = heads == 128 ? 16 : 64;
@@ -282,7 +284,8 @@ TEST(MlaDecodeCuda, SmallHeadCounts) {
   for (int64_t heads : {1, 4, 8}) {
     for (int64_t s_q : {1, 2, 3, 8}) {
       Case c;
-      c.seq_lens = {130, 7, 0, 64, 2};
+      const auto sq = static_cast<int32_t>(s_q);
+      c.seq_lens = {130, sq + 6, 0, 64, sq};  // two short requests: s_q + 6 and s_q keys
       c.heads = heads;
       c.s_q = s_q;
       c.block_size = 16;
@@ -298,7 +301,7 @@ TEST(MlaDecodeCuda, CacheFormatsScalesAndOutputDtypes) {
   int next_out = 0;
   auto run = [&](Case c) {
     for (int64_t s_q : {1, 2}) {
-      c.seq_lens = grid_lens(3);
+      c.seq_lens = grid_lens(3, s_q);
       c.s_q = s_q;
       c.out_dtype = outs[next_out++ % 3];
       check_case(c, stream++, {0, 3});
@@ -331,7 +334,7 @@ TEST(MlaDecodeCuda, CacheFormatsScalesAndOutputDtypes) {
       Case fp8_q = c;  // fp8 q: the rope dtype comes from out
       fp8_q.q_dtype = DType::kFp8E4m3;
       fp8_q.out_dtype = act;
-      fp8_q.seq_lens = grid_lens(3);
+      fp8_q.seq_lens = grid_lens(3, fp8_q.s_q);
       check_case(fp8_q, stream++, {0, 3});
     }
   }
@@ -365,10 +368,13 @@ TEST(MlaDecodeCuda, EmptyRequestsNeverTouchTheTable) {
   }
 }
 
-// One case of BadDeviceIndicesGiveNanRows with 16 heads and s_q queries per request.
+// One case of BadDeviceIndicesGiveNanRows with 16 heads and s_q queries per request: request 0
+// is good, 1 has a block id outside the cache, 2 a seq_len beyond the table and, for s_q > 1,
+// 3 a seq_len in (0, s_q) (seq_lens count the new tokens too).
 void check_bad_indices(int64_t s_q, uint64_t stream) {
   Case c;
   c.seq_lens = {100, 200, 50};
+  if (s_q > 1) c.seq_lens.push_back(60);
   c.block_size = 16;
   c.s_q = s_q;
   auto rng = test::make_rng(stream);
@@ -377,6 +383,7 @@ void check_bad_indices(int64_t s_q, uint64_t stream) {
   const int64_t width = in.block_table.size(1);
   in.block_table.data<int32_t>()[1 * width + 3] = static_cast<int32_t>(in.cache.size(0));
   in.seq_lens.data<int32_t>()[2] = static_cast<int32_t>(width * c.block_size + 1);
+  if (s_q > 1) in.seq_lens.data<int32_t>()[3] = static_cast<int32_t>(s_q - 1);
   const DeviceInputs d = upload(in);
   const int64_t row = c.s_q * c.heads;
   for (int64_t s : {1, 3}) {
@@ -386,8 +393,9 @@ void check_bad_indices(int64_t s_q, uint64_t stream) {
                             "mla_decode: a seq_lens value was outside");
     EXPECT_NO_THROW(ops::check_device_errors(Device::cuda(0))) << "the word was not cleared";
     const std::vector<double> out = test::to_doubles(r.out), lse = test::to_doubles(r.lse);
-    for (int64_t i = row * kRank; i < 3 * row * kRank; ++i) ASSERT_TRUE(std::isnan(out[i])) << i;
-    for (int64_t i = row; i < 3 * row; ++i) ASSERT_TRUE(std::isnan(lse[i])) << i;
+    const int64_t rows = c.batch() * row;  // requests 1 .. B-1 are bad
+    for (int64_t i = row * kRank; i < rows * kRank; ++i) ASSERT_TRUE(std::isnan(out[i])) << i;
+    for (int64_t i = row; i < rows; ++i) ASSERT_TRUE(std::isnan(lse[i])) << i;
     const std::vector<double> want_out(ref.kernel.out.begin(),
                                        ref.kernel.out.begin() + row * kRank);
     const std::vector<double> want_lse(ref.kernel.lse.begin(), ref.kernel.lse.begin() + row);
@@ -456,7 +464,7 @@ TEST(MlaDecodeCuda, GraphReplayFollowsNewLengthsAndTables) {
   cuda_ok(cudaGraphInstantiate(&exec, graph, 0), "instantiate");
 
   const std::vector<std::vector<int32_t>> rounds = {
-      {1024, 0, 1, 300, 64}, {5, 1000, 0, 0, 777}, {0, 0, 0, 0, 0}, {1024, 1024, 1, 2, 1023}};
+      {1024, 0, 2, 300, 64}, {5, 1000, 0, 0, 777}, {0, 0, 0, 0, 0}, {1024, 1024, 2, 3, 1023}};
   for (const std::vector<int32_t>& lens : rounds) {
     SCOPED_TRACE(testing::PrintToString(lens));
     c.seq_lens = lens;

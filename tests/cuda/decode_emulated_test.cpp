@@ -542,8 +542,8 @@ TEST(MlaDecodeEmulated, F16PartialRowTile) {
   check_case(c, 300, {2});
 }
 
-// Two 64-row tiles per request (128 heads); s_q 8 with requests shorter than s_q (early queries
-// see no key); one long request over 20 splits, four of them empty.
+// Two 64-row tiles per request (128 heads); s_q 8 with requests of s_q and s_q + 1 keys (query 0
+// sees one or two keys); one long request over 20 splits, four of them empty.
 TEST(MlaDecodeEmulated, RowTilesSpeculativeQueriesAndManySplits) {
   Case heads128;
   heads128.seq_lens = {70, 0};
@@ -551,7 +551,7 @@ TEST(MlaDecodeEmulated, RowTilesSpeculativeQueriesAndManySplits) {
   heads128.out_dtype = DType::kBF16;
   check_case(heads128, 250, {2});
   Case spec;
-  spec.seq_lens = {9, 5, 1};
+  spec.seq_lens = {9, 8, 0};
   spec.s_q = 8;
   spec.heads = 8;
   spec.block_size = 16;
@@ -628,6 +628,28 @@ TEST(MlaDecodeEmulated, BadIndicesGiveNanRows) {
     const std::vector<double> want(ref.out.begin(), ref.out.begin() + row * kRank);
     EXPECT_TRUE(test::all_close(o.out.narrow(0, 0, 1), want, out_tolerance(c)));
   }
+}
+
+// seq_lens count the s_q new tokens too: a seq_len in (0, s_q) is inconsistent metadata, so its
+// rows become NaN and the error word is set, while the other requests stay exact.
+TEST(MlaDecodeEmulated, SeqLenShorterThanTheQueriesGivesNanRows) {
+  Case c;
+  c.seq_lens = {50, 30};
+  c.s_q = 4;
+  c.heads = 4;
+  c.block_size = 16;
+  auto rng = test::make_rng(710);
+  HostInputs in = make_inputs(c, rng);
+  const Expected ref = reference(c, in.q_kernel, in.k_kernel);
+  in.seq_lens.data<int32_t>()[1] = 3;
+  const int64_t row = c.s_q * c.heads;
+  const Outputs o = run_emulated(c, in, 2);
+  EXPECT_EQ(o.error_word, uint32_t{cuda::kDecodeBadIndex});
+  const std::vector<double> out = test::to_doubles(o.out), lse = test::to_doubles(o.lse);
+  for (int64_t i = row * kRank; i < 2 * row * kRank; ++i) ASSERT_TRUE(std::isnan(out[i])) << i;
+  for (int64_t i = row; i < 2 * row; ++i) ASSERT_TRUE(std::isnan(lse[i])) << i;
+  const std::vector<double> want(ref.out.begin(), ref.out.begin() + row * kRank);
+  EXPECT_TRUE(test::all_close(o.out.narrow(0, 0, 1), want, out_tolerance(c)));
 }
 
 }  // namespace

@@ -57,7 +57,7 @@ struct Case {
   int64_t out_pad = 0;  // extra elements per out row and per lse row
 
   int64_t batch() const { return static_cast<int64_t>(seq_lens.size()); }
-  ops::DecodeParams params() const { return {kDeepSeekScale, kv_dtype, q_scale, k_scale}; }
+  ops::DecodeParams params() const { return {kDeepSeekScale, kv_dtype, q_scale, k_scale, kRank}; }
   // The kernel's MMA element type, by the rule documented in cuda/decode/decode.hpp.
   DType mma_dtype() const {
     switch (kv_dtype) {

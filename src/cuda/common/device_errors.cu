@@ -55,8 +55,9 @@ constexpr BitMessage kMessages[] = {
      "q.shape[0] / k_nope.shape[0], or a request was longer than max_seqlen_q / max_seqlen_k "
      "(that request's rows were not written)"},
     {kDecodeBadIndex,
-     "mla_decode: a seq_lens value was outside [0, block_table width * block_size] or a "
-     "block_table entry it needed was not a block id in [0, num_blocks) (those rows are NaN)"},
+     "mla_decode: a seq_lens value was outside [0, block_table width * block_size] or in "
+     "(0, s_q) (seq_lens count the new tokens too), or a block_table entry it needed was not a "
+     "block id in [0, num_blocks) (those rows are NaN)"},
 };
 
 struct Symbols {

@@ -46,7 +46,8 @@ __device__ __forceinline__ WorkItem make_work_item(const DecodeKernelParams& p) 
   w.split = cta % p.num_splits;
   w.batch_index = cta / p.num_splits;
   const int raw_len = p.seq_lens[w.batch_index * p.seq_lens_stride];
-  w.bad_seq_len = raw_len < 0 || raw_len > p.max_seq_len;
+  // seq_lens count the s_q new tokens too: 0 < seq_len < s_q is inconsistent metadata.
+  w.bad_seq_len = raw_len < 0 || raw_len > p.max_seq_len || (raw_len > 0 && raw_len < p.s_q);
   w.seq_len = w.bad_seq_len ? 0 : raw_len;
   const int per_split = (w.seq_len + p.num_splits - 1) / p.num_splits;
   const int chunk = (per_split + kBlockN - 1) / kBlockN * kBlockN;
