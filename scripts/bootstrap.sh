@@ -14,6 +14,10 @@ PACKAGES=(
   libgmock-dev=1.12.1-0.2
   libcli11-dev=2.1.2+ds-1
   nlohmann-json3-dev=3.11.2-2
+  # libFuzzer targets (scripts/fuzz.sh): clang 14 with its sanitizer/fuzzer runtimes and OpenMP.
+  clang-14=1:14.0.6-12
+  libclang-rt-14-dev=1:14.0.6-12
+  libomp-14-dev=1:14.0.6-12
 )
 
 SUDO=""

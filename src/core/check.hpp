@@ -25,7 +25,8 @@ void require(bool condition, ErrorCode code, const Args&... args) {
   if (!condition) fail(code, str_cat(args...));
 }
 
-std::string shape_string(const TensorView& t);  // "[4, 16, 576]"
+std::string shape_string(const TensorView& t);    // "[4, 16, 576]"
+std::string strides_string(const TensorView& t);  // "[9216, 576, 1]"
 
 void check_ndim(const char* op, const char* name, const TensorView& t, int ndim);
 void check_dtype(const char* op, const char* name, const TensorView& t,
@@ -40,7 +41,8 @@ void check_size_matches(const char* op, const char* name, const TensorView& t, i
 // The innermost dimension has stride 1 (or size <= 1).
 void check_inner_contiguous(const char* op, const char* name, const TensorView& t);
 void check_contiguous(const char* op, const char* name, const TensorView& t);
-// Non-empty tensors must have a data pointer; non-negative strides only.
+// Non-empty tensors must have a data pointer and an extent whose byte offsets fit in int64;
+// non-negative sizes and strides only.
 void check_storage(const char* op, const char* name, const TensorView& t);
 void check_device(const char* op, const char* name, const TensorView& t, Device expected);
 void check_float_activation(const char* op, const char* name, const TensorView& t);  // f32/f16/bf16

@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <string>
 #include <utility>
 
 #include "core/check.hpp"
@@ -91,10 +92,13 @@ void check_entry_widths(const TensorView& kv_c, const TensorView& k_pe, const Te
   }
   detail::check_storage(op, "kv_cache", kv_cache);
   detail::check_ndim(op, "kv_cache", kv_cache, 3);
-  require(rank + rope == kv_cache.size(2), ErrorCode::kInvalidArgument, op,
+  int64_t sum = 0;  // an empty kv_c may claim any width: the sum may overflow
+  const bool overflow = __builtin_add_overflow(rank, rope, &sum);
+  require(!overflow && sum == kv_cache.size(2), ErrorCode::kInvalidArgument, op,
           ": kv_c.shape[1] + k_pe.shape[1] (L + R) must add up to the cache entry width "
           "kv_cache.shape[2] = ",
-          kv_cache.size(2), ", got ", rank, " + ", rope, " = ", rank + rope);
+          kv_cache.size(2), ", got ", rank, " + ", rope,
+          overflow ? std::string(" (overflows int64)") : detail::str_cat(" = ", sum));
 }
 
 void validate_concat_and_cache_mla(const TensorView& kv_c, const TensorView& k_pe,
@@ -194,8 +198,10 @@ void validate_cp_gather_cache(const TensorView& src_cache, const TensorView& dst
   detail::check_size(op, "dst", dst, 1, src_cache.size(2));
   detail::check_inner_contiguous(op, "dst", dst);
   check_rows_disjoint(op, "dst", dst);
-  require(batch_size >= 0, ErrorCode::kInvalidArgument, op, ": batch_size must be >= 0, got ",
-          batch_size);
+  check_index_tensor(op, "cu_seq_lens", cu_seq_lens, 1, DType::kI32);
+  require(batch_size >= 0 && batch_size < cu_seq_lens.size(0), ErrorCode::kInvalidArgument, op,
+          ": batch_size must be in [0, cu_seq_lens.shape[0] - 1 = ", cu_seq_lens.size(0) - 1,
+          "], got ", batch_size);
   check_gather_indices(op, block_table, cu_seq_lens, seq_starts, batch_size);
 }
 

@@ -3,6 +3,8 @@
 #include "cpu/decode.hpp"
 
 #include <cstdint>
+#include <limits>
+#include <optional>
 #include <vector>
 
 #include "core/check.hpp"
@@ -37,7 +39,10 @@ int64_t read_i32(const TensorView& t, int64_t offset) {
 // (a request's keys include its s_q new tokens).
 void check_seq_lens_host(const TensorView& seq_lens, int64_t s_q, int64_t max_blocks,
                          int64_t block_size) {
-  const int64_t limit = max_blocks * block_size;
+  int64_t limit = 0;  // an empty block table or cache may claim any sizes: saturate
+  if (__builtin_mul_overflow(max_blocks, block_size, &limit)) {
+    limit = std::numeric_limits<int64_t>::max();
+  }
   for (int64_t b = 0; b < seq_lens.size(0); ++b) {
     const int64_t len = read_i32(seq_lens, b * seq_lens.strides[0]);
     require(len >= 0 && len <= limit, ErrorCode::kInvalidArgument, kOp, ": seq_lens[", b,
@@ -147,18 +152,31 @@ DType ds_mla_rope_dtype(const TensorView& q, const TensorView& out) {
   return out.dtype;
 }
 
-// Everything that does not need the contents of device tensors; returns the kernel's arguments.
-DecodeProblem validate(const TensorView& q, const TensorView& kv_cache,
-                       const TensorView& block_table, const TensorView& seq_lens,
-                       const TensorView& out, const TensorView& lse, const DecodeParams& params,
-                       const DecodeSchedule& schedule, const TensorView& workspace) {
+// Elements of the split workspace: one partial output row plus its LSE per (split, query, head),
+// indexed by the global split; nullopt when the product overflows int64 (sizes >= 0).
+std::optional<int64_t> workspace_elems_if_representable(int64_t splits, int64_t s_q, int64_t heads,
+                                                        int64_t rank) {
+  int64_t elems = 0;
+  if (__builtin_mul_overflow(splits, s_q, &elems) || __builtin_mul_overflow(elems, heads, &elems) ||
+      __builtin_add_overflow(rank, int64_t{1}, &rank) ||
+      __builtin_mul_overflow(elems, rank, &elems)) {
+    return std::nullopt;
+  }
+  return elems;
+}
+
+// The tensors and scalars, without reading device tensors' contents; returns the kernel's
+// arguments but the workspace.
+DecodeProblem validate_tensors(const TensorView& q, const TensorView& kv_cache,
+                               const TensorView& block_table, const TensorView& seq_lens,
+                               const TensorView& out, const TensorView& lse,
+                               const DecodeParams& params) {
   for (const auto& [name, t] : {std::pair<const char*, const TensorView*>{"q", &q},
                                 {"kv_cache", &kv_cache},
                                 {"block_table", &block_table},
                                 {"seq_lens", &seq_lens},
                                 {"out", &out},
-                                {"lse", &lse},
-                                {"split_workspace", &workspace}}) {
+                                {"lse", &lse}}) {
     check_storage(kOp, name, *t);
   }
   check_ndim(kOp, "q", q, 4);
@@ -175,7 +193,7 @@ DecodeProblem validate(const TensorView& q, const TensorView& kv_cache,
                 {DType::kF32, DType::kF16, DType::kBF16});
   }
   check_inner_contiguous(kOp, "q", q);
-  const int64_t batch = q.size(0), s_q = q.size(1), heads = q.size(2);
+  const int64_t heads = q.size(2);
 
   detail::check_float_activation(kOp, "out", out);
   check_inner_contiguous(kOp, "out", out);
@@ -199,15 +217,6 @@ DecodeProblem validate(const TensorView& q, const TensorView& kv_cache,
   detail::check_positive_finite(kOp, "q_scale", params.q_scale);
   detail::check_positive_finite(kOp, "k_scale", params.k_scale);
 
-  check_schedule_shape(schedule, batch);
-  check_dtype(kOp, "split_workspace", workspace, {DType::kF32});
-  detail::check_contiguous(kOp, "split_workspace", workspace);
-  const int64_t needed = mla_decode_workspace_elems(schedule, s_q, heads, rank);
-  require(workspace.numel() >= needed, ErrorCode::kInvalidArgument, kOp,
-          ": split_workspace must hold at least ", needed,
-          " f32 elements (total_splits x s_q x num_heads x (kv_lora_rank + 1)), got ",
-          workspace.numel());
-
   DecodeProblem p;
   p.q = q;
   p.kv_cache = kv_cache;
@@ -215,7 +224,6 @@ DecodeProblem validate(const TensorView& q, const TensorView& kv_cache,
   p.seq_lens = seq_lens;
   p.out = out;
   p.lse = lse;
-  p.workspace = workspace.data_as<float>();
   p.kv_dtype = params.kv_dtype;
   p.kv_lora_rank = rank;
   p.entry_dim = dim;
@@ -226,6 +234,28 @@ DecodeProblem validate(const TensorView& q, const TensorView& kv_cache,
       params.scale * (fp8_q ? params.q_scale : 1.0f) * (fp8_values ? params.k_scale : 1.0f);
   p.value_scale = fp8_values ? params.k_scale : 1.0f;
   return p;
+}
+
+// The schedule's structure and the workspace it needs; sets p.workspace.
+void validate_schedule(DecodeProblem& p, const DecodeSchedule& schedule,
+                       const TensorView& workspace) {
+  const int64_t s_q = p.q.size(1), heads = p.q.size(2), rank = p.kv_lora_rank;
+  check_schedule_shape(schedule, p.q.size(0));
+  check_storage(kOp, "split_workspace", workspace);
+  check_dtype(kOp, "split_workspace", workspace, {DType::kF32});
+  detail::check_contiguous(kOp, "split_workspace", workspace);
+  const std::optional<int64_t> elems =
+      workspace_elems_if_representable(schedule.total_splits, s_q, heads, rank);
+  require(elems.has_value(), ErrorCode::kInvalidArgument, kOp,
+          ": the split workspace of total_splits x s_q x num_heads x (kv_lora_rank + 1) = ",
+          schedule.total_splits, " x ", s_q, " x ", heads, " x (", rank,
+          " + 1) elements overflows int64");
+  const int64_t needed = *elems;
+  require(workspace.numel() >= needed, ErrorCode::kInvalidArgument, kOp,
+          ": split_workspace must hold at least ", needed,
+          " f32 elements (total_splits x s_q x num_heads x (kv_lora_rank + 1)), got ",
+          workspace.numel());
+  p.workspace = workspace.data_as<float>();
 }
 
 // Contents of the index tensors, for backends whose index tensors the host can read.
@@ -245,8 +275,13 @@ int64_t mla_decode_workspace_elems(const DecodeSchedule& schedule, int64_t s_q, 
           "mla_decode_workspace_elems: sizes must be >= 0, got total_splits ",
           schedule.total_splits, ", s_q ", s_q, ", num_heads ", num_heads, ", kv_lora_rank ",
           kv_lora_rank);
-  // One partial output row plus its LSE per (split, query, head); indexed by the global split.
-  return schedule.total_splits * s_q * num_heads * (kv_lora_rank + 1);
+  const std::optional<int64_t> elems =
+      workspace_elems_if_representable(schedule.total_splits, s_q, num_heads, kv_lora_rank);
+  require(elems.has_value(), ErrorCode::kInvalidArgument,
+          "mla_decode_workspace_elems: total_splits x s_q x num_heads x (kv_lora_rank + 1) = ",
+          schedule.total_splits, " x ", s_q, " x ", num_heads, " x (", kv_lora_rank,
+          " + 1) overflows int64");
+  return *elems;
 }
 
 void mla_decode(const TensorView& q, const TensorView& kv_cache, const TensorView& block_table,
@@ -260,8 +295,8 @@ void mla_decode(const TensorView& q, const TensorView& kv_cache, const TensorVie
                                                     {"out", &out},
                                                     {"lse", &lse},
                                                     {"split_workspace", &split_workspace}});
-  const DecodeProblem problem =
-      validate(q, kv_cache, block_table, seq_lens, out, lse, params, schedule, split_workspace);
+  DecodeProblem problem = validate_tensors(q, kv_cache, block_table, seq_lens, out, lse, params);
+  validate_schedule(problem, schedule, split_workspace);
 #ifdef MLAKIT_WITH_CUDA
   // Index contents stay on the device (no host sync): the kernel guards them itself.
   if (device.is_cuda()) {
@@ -292,16 +327,12 @@ void mla_decode(const TensorView& q, const TensorView& kv_cache, const TensorVie
           "schedule from plan_decode_splits_cuda and a split_workspace");
 #endif
   if (!device.is_cpu()) detail::unsupported_device(kOp, device);
-  check_storage(kOp, "seq_lens", seq_lens);
-  check_ndim(kOp, "seq_lens", seq_lens, 1);
-  check_dtype(kOp, "seq_lens", seq_lens, {DType::kI32});
-  check_ndim(kOp, "q", q, 4);
-  check_ndim(kOp, "out", out, 4);
-  check_ndim(kOp, "kv_cache", kv_cache, 3);
-  check_ndim(kOp, "block_table", block_table, 2);
+  // Everything but the schedule is checked before planning and allocating.
+  const DecodeProblem problem =
+      validate_tensors(q, kv_cache, block_table, seq_lens, out, lse, params);
   const int64_t block_size = kv_cache.size(1);
-  require(block_size > 0, ErrorCode::kInvalidArgument, kOp,
-          ": kv_cache block_size (shape[1]) must be > 0");
+  require(block_size <= std::numeric_limits<int32_t>::max(), ErrorCode::kInvalidArgument, kOp,
+          ": kv_cache.shape[1] (block_size) must be at most 2^31 - 1, got ", block_size);
   check_seq_lens_host(seq_lens, q.size(1), block_table.size(1), block_size);
 
   std::vector<int32_t> lens(seq_lens.size(0));
@@ -309,8 +340,12 @@ void mla_decode(const TensorView& q, const TensorView& kv_cache, const TensorVie
     lens[b] = static_cast<int32_t>(read_i32(seq_lens, b * seq_lens.strides[0]));
   }
   const DecodeSchedule schedule = plan_decode_splits(lens, block_size, cpu::num_threads());
-  const Tensor workspace = Tensor::empty(
-      {mla_decode_workspace_elems(schedule, q.size(1), q.size(2), out.size(3))}, DType::kF32);
+  const std::optional<int64_t> elems = workspace_elems_if_representable(
+      schedule.total_splits, q.size(1), q.size(2), problem.kv_lora_rank);
+  require(elems.has_value(), ErrorCode::kInvalidArgument, kOp, ": the split workspace of ",
+          schedule.total_splits, " splits x s_q ", q.size(1), " x num_heads ", q.size(2),
+          " x (kv_lora_rank ", problem.kv_lora_rank, " + 1) elements overflows int64");
+  const Tensor workspace = Tensor::empty({*elems}, DType::kF32);
   mla_decode(q, kv_cache, block_table, seq_lens, out, lse, params, schedule, workspace);
 }
 

@@ -419,7 +419,7 @@ TEST(CacheGatherErrors, BadShapesAndDtypes) {
       "src_cache must have dtype f32 or f16 or bf16 or u8 or fp8_e4m3, got i32");
   MLAKIT_EXPECT_THROW_MSG(
       ops::cp_gather_cache(cache_576, dst_bf16, a.block_table, a.cu_seq_lens, 2, std::nullopt),
-      "block_table.shape[0] must be at least 2");
+      "cp_gather_cache: batch_size must be in [0, cu_seq_lens.shape[0] - 1 = 1], got 2");
 }
 
 }  // namespace
