@@ -569,6 +569,17 @@ TEST_F(MlaDecodeErrors, OutMustHaveTheLatentWidth) {
   MLAKIT_EXPECT_THROW_MSG(run_with(p), "mla_decode: kv_lora_rank must be > 0, got -1");
 }
 
+// A workspace size that overflows int64 is an error, not a wrapped number (fuzz finding).
+TEST(MlaDecodeWorkspace, SizeOverflowIsAnError) {
+  DecodeSchedule s;
+  s.total_splits = 1;
+  MLAKIT_EXPECT_THROW_MSG(
+      ops::mla_decode_workspace_elems(s, 3, std::numeric_limits<int64_t>::max(), 10),
+      "mla_decode_workspace_elems: total_splits x s_q x num_heads x (kv_lora_rank + 1) = 1 x 3 x "
+      "9223372036854775807 x (10 + 1) overflows int64");
+  EXPECT_EQ(ops::mla_decode_workspace_elems(s, 3, 16, 512), 3 * 16 * 513);
+}
+
 // seq_lens count the new tokens too: 0 < seq_len < s_q is inconsistent metadata (before, its
 // early queries quietly returned 0 / -inf). Both decode forms reject it on host metadata.
 TEST(MlaDecodeSeqLens, ShorterThanTheQueriesIsRejected) {
