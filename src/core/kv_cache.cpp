@@ -1,5 +1,7 @@
 #include "mlakit/kv_cache.hpp"
 
+#include <cstdint>
+#include <limits>
 #include <string>
 
 #include "core/check.hpp"
@@ -29,6 +31,9 @@ void KvCacheSpec::validate() const {
           dtype_name(act_dtype));
   require(block_size > 0, ErrorCode::kInvalidArgument, "KvCacheSpec: block_size must be > 0, got ",
           block_size);
+  // The decode schedule and kernels count positions within a block in int32.
+  require(block_size <= std::numeric_limits<int32_t>::max(), ErrorCode::kInvalidArgument,
+          "KvCacheSpec: block_size must be at most 2147483647 (2^31 - 1), got ", block_size);
   require(num_blocks >= 0, ErrorCode::kInvalidArgument,
           "KvCacheSpec: num_blocks must be >= 0, got ", num_blocks);
   if (kv_dtype == KvCacheDType::kFp8DsMla) {

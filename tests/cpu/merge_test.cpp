@@ -233,6 +233,19 @@ TEST(MergeAttnStates, EmptyTensorsAreANoOp) {
   EXPECT_NO_THROW(ops::merge_attn_states(states, lse.view(), states, lse, states, lse));
 }
 
+// D = 0: the states have no element and may have no data pointer (the kernel must not offset
+// one: fuzz finding, undefined behaviour); the merged LSE is still written.
+TEST(MergeAttnStates, ZeroWidthStatesStillMergeTheLse) {
+  auto rng = test::make_rng(12);
+  const int64_t tokens = 5, heads = 3;
+  const LsePair lse = random_lse_pair(rng, heads, tokens);
+  const TensorView states = TensorView::contiguous(nullptr, DType::kF32, {tokens, heads, 0});
+  const Tensor out_lse = test::nan_tensor({heads, tokens}, DType::kF32);
+  ops::merge_attn_states(states, out_lse.view(), states, lse.prefix, states, lse.suffix);
+  const ref::MergeResult expected = reference_merge(states, lse.prefix, states, lse.suffix);
+  EXPECT_TRUE(test::all_close(out_lse, expected.lse, kLseTolerance));
+}
+
 TEST(MergeAttnStates, RejectsBadArguments) {
   auto rng = test::make_rng(9);
   const int64_t tokens = 6, heads = 2, d = 16;

@@ -138,6 +138,20 @@ void expect_matches_reference(const PrefillInputs& in, bool causal, DType dtype,
       << "out was written past its head size";
 }
 
+// P = 0 (or R = 0) makes k_nope (k_pe) empty, so it may come without a data pointer: the kernel
+// must not offset one (fuzz finding, undefined behaviour) and the result is plain attention over
+// the other part.
+TEST(MlaPrefill, EmptyNopeOrRopePartWithoutDataPointer) {
+  auto rng = test::make_rng(40);
+  for (const PrefillShape shape : {PrefillShape{4, 0, 8, 20}, PrefillShape{4, 24, 0, 20}}) {
+    SCOPED_TRACE(testing::Message() << "P " << shape.nope << " R " << shape.rope);
+    PrefillInputs in = make_inputs(rng, DType::kF32, shape, {5, 3}, {7, 3});
+    (shape.nope == 0 ? in.k_nope : in.k_pe).data = nullptr;
+    run_prefill(in, true);
+    expect_matches_reference(in, true, DType::kF32);
+  }
+}
+
 TEST(MlaPrefill, RandomVarlenBatchesMatchReference) {
   auto rng = test::make_rng(1);
   std::uniform_int_distribution<int64_t> query_len(0, 40), context_len(0, 30), coin(0, 3);

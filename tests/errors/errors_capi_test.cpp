@@ -53,8 +53,8 @@ mlakit_mla_config_t attention_config(const Materialized& m) {
 mlakit_status_t create_attention(const Materialized& m) {
   const mlakit_mla_config_t config = attention_config(m);
   mlakit_attention_t* layer = nullptr;
-  const mlakit_status_t status = mlakit_attention_create(
-      &config, m.dl("kv_b_proj_weight"), m.dl("kv_b_proj_scale_inv"), &layer);
+  const mlakit_status_t status = mlakit_attention_create(&config, m.dl("kv_b_proj_weight"),
+                                                         m.dl("kv_b_proj_scale_inv"), &layer);
   mlakit_attention_destroy(layer);
   return status;
 }
@@ -71,15 +71,13 @@ mlakit_status_t decode(const Materialized& m) {
   }
   const std::vector<int32_t> lens = m.scalars()["schedule_lens"].get<std::vector<int32_t>>();
   mlakit_decode_schedule_t* schedule = nullptr;
-  mlakit_status_t status =
-      mlakit_plan_decode_splits(lens.data(), static_cast<int64_t>(lens.size()),
-                                m.integer("schedule_block_size"), m.integer("num_workers"),
-                                &schedule);
+  mlakit_status_t status = mlakit_plan_decode_splits(lens.data(), static_cast<int64_t>(lens.size()),
+                                                     m.integer("schedule_block_size"),
+                                                     m.integer("num_workers"), &schedule);
   if (status != MLAKIT_OK) return status;
-  status = mlakit_mla_decode_scheduled(m.dl("q"), m.dl("kv_cache"), m.dl("block_table"),
-                                       m.dl("seq_lens"), m.dl("out"), m.dl("lse"), rank, scale,
-                                       kv_cache_dtype(m), q_scale, k_scale, schedule,
-                                       m.dl("split_workspace"), nullptr);
+  status = mlakit_mla_decode_scheduled(
+      m.dl("q"), m.dl("kv_cache"), m.dl("block_table"), m.dl("seq_lens"), m.dl("out"), m.dl("lse"),
+      rank, scale, kv_cache_dtype(m), q_scale, k_scale, schedule, m.dl("split_workspace"), nullptr);
   mlakit_decode_schedule_destroy(schedule);
   return status;
 }
@@ -98,13 +96,13 @@ mlakit_status_t call(const std::string& op, const Materialized& m) {
   }
   if (op == "cp_gather_cache") {
     return mlakit_cp_gather_cache(m.dl("src_cache"), m.dl("dst"), m.dl("block_table"),
-                                  m.dl("cu_seq_lens"), m.integer("batch_size"),
-                                  m.dl("seq_starts"), nullptr);
+                                  m.dl("cu_seq_lens"), m.integer("batch_size"), m.dl("seq_starts"),
+                                  nullptr);
   }
   if (op == "merge_attn_states") {
     return mlakit_merge_attn_states(m.dl("output"), m.dl("prefix_output"), m.dl("prefix_lse"),
-                                    m.dl("suffix_output"), m.dl("suffix_lse"),
-                                    m.dl("output_lse"), nullptr);
+                                    m.dl("suffix_output"), m.dl("suffix_lse"), m.dl("output_lse"),
+                                    nullptr);
   }
   if (op == "scaled_fp8_quant") {
     return mlakit_scaled_fp8_quant(m.dl("input"), m.dl("out"),
@@ -113,9 +111,8 @@ mlakit_status_t call(const std::string& op, const Materialized& m) {
   if (op == "mla_decode") return decode(m);
   if (op == "mla_prefill") {
     return mlakit_mla_prefill(m.dl("q"), m.dl("k_nope"), m.dl("k_pe"), m.dl("v"),
-                              m.dl("cu_seqlens_q"), m.dl("cu_seqlens_k"),
-                              m.integer("max_seqlen_q"), m.integer("max_seqlen_k"),
-                              static_cast<float>(m.number("scale")),
+                              m.dl("cu_seqlens_q"), m.dl("cu_seqlens_k"), m.integer("max_seqlen_q"),
+                              m.integer("max_seqlen_k"), static_cast<float>(m.number("scale")),
                               static_cast<int32_t>(m.integer("causal")), m.dl("out"), m.dl("lse"),
                               nullptr);
   }

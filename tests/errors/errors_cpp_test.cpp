@@ -84,9 +84,8 @@ void call(const std::string& op, const Materialized& m) {
                          m.view("cu_seq_lens"), m.integer("batch_size"),
                          m.optional_view("seq_starts"));
   } else if (op == "merge_attn_states") {
-    ops::merge_attn_states(m.view("output"), m.optional_view("output_lse"),
-                           m.view("prefix_output"), m.view("prefix_lse"), m.view("suffix_output"),
-                           m.view("suffix_lse"));
+    ops::merge_attn_states(m.view("output"), m.optional_view("output_lse"), m.view("prefix_output"),
+                           m.view("prefix_lse"), m.view("suffix_output"), m.view("suffix_lse"));
   } else if (op == "scaled_fp8_quant") {
     ops::scaled_fp8_quant(m.view("input"), m.view("out"), static_cast<float>(m.number("scale")));
   } else if (op == "mla_decode") {
@@ -99,8 +98,8 @@ void call(const std::string& op, const Materialized& m) {
   } else if (op == "batched_matmul") {
     ops::batched_matmul(m.view("a"), m.view("w"), m.view("c"));
   } else if (op == "absorb_kv_b_proj") {
-    absorb_kv_b_proj(m.view("kv_b_proj_weight"), m.optional_view("kv_b_proj_scale_inv"),
-                     dims_of(m), dtype_of(m.text("act_dtype")), device_of(m));
+    absorb_kv_b_proj(m.view("kv_b_proj_weight"), m.optional_view("kv_b_proj_scale_inv"), dims_of(m),
+                     dtype_of(m.text("act_dtype")), device_of(m));
   } else if (op == "mla_attention") {
     const MlaAttention layer(attention_config(m), m.view("kv_b_proj_weight"),
                              m.optional_view("kv_b_proj_scale_inv"));

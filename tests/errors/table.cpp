@@ -91,8 +91,8 @@ DLDataType dl_dtype(const std::string& name) {
 
 DType dtype_of(const std::string& name) {
   static const std::map<std::string, DType> kNames = {
-      {"f32", DType::kF32}, {"f16", DType::kF16}, {"bf16", DType::kBF16},
-      {"fp8_e4m3", DType::kFp8E4m3}, {"u8", DType::kU8}, {"i32", DType::kI32},
+      {"f32", DType::kF32},          {"f16", DType::kF16}, {"bf16", DType::kBF16},
+      {"fp8_e4m3", DType::kFp8E4m3}, {"u8", DType::kU8},   {"i32", DType::kI32},
       {"i64", DType::kI64}};
   const auto it = kNames.find(name);
   if (it == kNames.end()) table_error("dtype " + name + " is not an mlakit dtype");
@@ -157,7 +157,7 @@ std::string status_name(ErrorCode code) {
 
 struct Materialized::Tensor {
   TensorSpec spec;
-  std::vector<int64_t> strides;  // in effect
+  std::vector<int64_t> strides;       // in effect
   std::unique_ptr<double[]> storage;  // 8-byte aligned memory of the extent
   int64_t bytes = 0;
   void* data = nullptr;
@@ -240,7 +240,8 @@ Materialized::Materialized(const Call& call) : scalars_(call.scalars) {
       for (int64_t i = 0; i < numel; ++i) {
         int64_t offset = 0;
         for (size_t d = 0; d < index.size(); ++d) offset += index[d] * t->strides[d];
-        store(t->data, spec.dtype, offset, spec.values[static_cast<size_t>(i) % spec.values.size()]);
+        store(t->data, spec.dtype, offset,
+              spec.values[static_cast<size_t>(i) % spec.values.size()]);
         for (size_t d = index.size(); d-- > 0;) {
           if (++index[d] < spec.shape[d]) break;
           index[d] = 0;
@@ -297,8 +298,8 @@ TensorView Materialized::view(const std::string& name) const {
   TensorView v;
   v.data = t.data;
   v.dtype = dtype_of(t.spec.dtype);
-  v.device = t.spec.device.rfind("cuda", 0) == 0 ? Device::cuda(t.dl.device.device_id)
-                                                 : Device::cpu();
+  v.device =
+      t.spec.device.rfind("cuda", 0) == 0 ? Device::cuda(t.dl.device.device_id) : Device::cpu();
   v.ndim = static_cast<int>(t.spec.shape.size());
   for (int d = 0; d < v.ndim; ++d) {
     v.shape[d] = t.spec.shape[d];
@@ -338,8 +339,6 @@ std::string Materialized::text(const std::string& scalar) const {
   return scalars_[scalar].get<std::string>();
 }
 
-bool Materialized::has_scalar(const std::string& scalar) const {
-  return scalars_.contains(scalar);
-}
+bool Materialized::has_scalar(const std::string& scalar) const { return scalars_.contains(scalar); }
 
 }  // namespace mlakit::errors

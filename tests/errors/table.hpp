@@ -7,11 +7,10 @@
 // own defect. README.md of this folder describes the format.
 #pragma once
 
-#include <nlohmann/json.hpp>
-
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
 #include <vector>
@@ -26,7 +25,7 @@ namespace mlakit::errors {
 struct TensorSpec {
   std::vector<int64_t> shape;
   std::optional<std::vector<int64_t>> strides;  // elements; absent: dense row-major
-  std::string dtype = "f32";  // f32 f16 bf16 fp8_e4m3 u8 i32 i64, or "dl:<code>,<bits>,<lanes>"
+  std::string dtype = "f32";   // f32 f16 bf16 fp8_e4m3 u8 i32 i64, or "dl:<code>,<bits>,<lanes>"
   std::vector<double> values;  // logical row-major contents, cycled; empty: zeros
   std::string device = "cpu";  // "cpu", "cuda:<n>", or "dl:<DLDeviceType value>" (C ABI only)
   bool null_data = false;      // a data pointer of NULL although the shape has elements

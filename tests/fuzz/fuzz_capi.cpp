@@ -1,5 +1,6 @@
 // libFuzzer target: the C ABI's tensor description and argument validation (mlakit.h), on host
-// tensors. Each input picks one entry point, builds a valid call for random small dimensions
+// tensors: every op entry point and an MlaAttention layer's creation, plan and forward step. Each
+// input picks one entry point, builds a valid call for random small dimensions
 // (cache format, dtypes, lengths, index contents), then applies up to a few defects: a wrong
 // size or rank, another dtype (also ones DLPack has and mlakit does not), odd strides (zero,
 // negative, huge), another device, a misaligned or NULL data pointer, a NULL tensor, bad scalars
@@ -10,7 +11,8 @@
 //     described elements is read or written (every tensor has exactly its extent as memory);
 //   - the status is MLAKIT_OK or a caller's-fault status (invalid_argument, out_of_range,
 //     unsupported), never backend or internal; a failure leaves a message that starts with the
-//     op's name;
+//     op's name (or with the name of the piece the op hands the argument to: MlaDims, KvCacheSpec,
+//     absorb_kv_b_proj, make_plan);
 //   - a success with finite inputs, moderate scales (<= 100: larger ones overflow the f32 logits)
 //     and dense outputs passes cheap checks: decode, prefill and merge rows are finite, their LSE
 //     is finite or -inf (never NaN or +inf) and an -inf row is 0; fp8 quantization of finite values
@@ -156,13 +158,18 @@ std::vector<int64_t> draw_block_table(FuzzedDataProvider& in, Rng& rng, const Di
 
 // ---- invariants ---------------------------------------------------------------------------------
 
-void expect_status(const char* op, mlakit_status_t status) {
+// `also`: message prefixes of the pieces an entry point hands its arguments to, whose messages
+// name them too (e.g. "MlaDims: " for MlaAttention's dims).
+void expect_status(const char* op, mlakit_status_t status,
+                   std::initializer_list<const char*> also = {}) {
   const std::string message = mlakit_last_error();
   MLAKIT_FUZZ_EXPECT(status == MLAKIT_OK || status == MLAKIT_ERROR_INVALID_ARGUMENT ||
                          status == MLAKIT_ERROR_OUT_OF_RANGE || status == MLAKIT_ERROR_UNSUPPORTED,
                      std::string(op) + " returned " + mlakit_status_name(status) + ": " + message);
   if (status == MLAKIT_OK) return;
-  MLAKIT_FUZZ_EXPECT(message.rfind(std::string(op) + ": ", 0) == 0,
+  bool named = message.rfind(std::string(op) + ": ", 0) == 0;
+  for (const char* prefix : also) named |= message.rfind(prefix, 0) == 0;
+  MLAKIT_FUZZ_EXPECT(named,
                      std::string(op) + " failed with a message that does not name it: " + message);
 }
 
@@ -441,6 +448,117 @@ void fuzz_mla_prefill(FuzzedDataProvider& in, Rng& rng) {
   }
 }
 
+// One MLA layer: creation from a random configuration and kv_b_proj weight, its plan and a
+// forward step (or a profile run) over a random batch of decodes and prefills.
+void fuzz_attention(FuzzedDataProvider& in, Rng& rng) {
+  mlakit_mla_config_t config;
+  mlakit_mla_config_init(&config);
+  const Dims d = draw_dims(in);
+  config.num_heads = in.ConsumeBool() ? d.heads : odd_size(in, d.heads);
+  config.kv_lora_rank = d.rank;
+  config.qk_rope_head_dim = d.rope;
+  config.qk_nope_head_dim = in.ConsumeIntegralInRange<int64_t>(1, 8);
+  config.v_head_dim = in.ConsumeIntegralInRange<int64_t>(1, 8);
+  config.scale = in.ConsumeIntegralInRange(0, 7) == 0 ? draw_scale(in) : 0.2f;
+  config.act_dtype = d.act;
+  config.kv_cache_dtype = draw_kv_format(in, d.kv_format);
+  config.block_size = in.ConsumeBool() ? d.block_size : odd_size(in, d.block_size);
+  config.decode_threshold = in.ConsumeIntegralInRange<int64_t>(0, 3);
+  config.query_len_support = in.ConsumeIntegralInRange<int32_t>(0, 3);
+  config.chunk_policy = in.ConsumeIntegralInRange<int32_t>(0, 2);
+  config.workspace_tokens = in.ConsumeIntegralInRange<int64_t>(-1, 64);
+  config.max_model_len = in.ConsumeIntegralInRange<int64_t>(0, 64);
+  config.max_num_seqs = in.ConsumeIntegralInRange<int64_t>(0, 8);
+  if (in.ConsumeIntegralInRange(0, 15) == 0) config.device = DLDevice{kDLCUDA, 0};
+  const bool fp8_weight = in.ConsumeIntegralInRange(0, 3) == 0;
+  const int64_t heads = std::clamp<int64_t>(config.num_heads, 0, 8);
+  const int64_t rows = heads * (config.qk_nope_head_dim + config.v_head_dim);
+  Call weights;
+  weights.add("kv_b_proj_weight", {rows, d.rank}, fp8_weight ? kDlFp8 : d.act);
+  FuzzTensor& scales = weights.add(
+      "kv_b_proj_scale_inv", {(rows + 127) / 128, (d.rank + 127) / 128}, kDlF32, Fill::kScales);
+  scales.absent = !fp8_weight;
+  weights.break_some(in);
+  weights.materialize_all(rng);
+  mlakit_attention_t* layer = nullptr;
+  const mlakit_status_t created =
+      mlakit_attention_create(&config, weights.tensors[0].ptr(), weights.tensors[1].ptr(), &layer);
+  // The configuration is checked by MlaDims and KvCacheSpec, the weight by absorb_kv_b_proj; a
+  // CUDA layer in a CPU-only build fails allocating ("cannot allocate 208 bytes on cuda:0: ...").
+  expect_status("MlaAttention", created,
+                {"MlaDims: ", "KvCacheSpec: ", "absorb_kv_b_proj: ", "cannot allocate "});
+  if (created != MLAKIT_OK) return;
+  int64_t workspace_tokens = 0;
+  expect_status("MlaAttention::workspace_tokens",
+                mlakit_attention_workspace_tokens(layer, &workspace_tokens));
+
+  // A batch: decodes (q_len <= threshold, with context), then prefills.
+  const int64_t reqs = in.ConsumeIntegralInRange<int64_t>(0, 4);
+  // Block size as configured if sane (a layer with an absurd one was rejected above, or a defect
+  // made it so for the batch only).
+  const int64_t bs = std::clamp<int64_t>(config.block_size, 1, 64), width = d.width;
+  std::vector<int32_t> qsl = {0}, lens;
+  std::vector<int64_t> table, slots;
+  for (int64_t r = 0; r < reqs; ++r) {
+    const int64_t q = in.ConsumeIntegralInRange<int64_t>(0, 3);
+    const int64_t len = std::min(q + in.ConsumeIntegralInRange<int64_t>(0, 8), width * bs);
+    qsl.push_back(static_cast<int32_t>(qsl.back() + std::min(q, len)));
+    lens.push_back(static_cast<int32_t>(len));
+    for (int64_t c = 0; c < width; ++c) table.push_back(draw_index(in, rng, 0, d.num_blocks - 1));
+  }
+  const int64_t tokens = qsl.back();
+  for (int64_t r = 0; r < reqs; ++r) {
+    for (int64_t j = qsl[r]; j < qsl[r + 1]; ++j) {
+      const int64_t pos = lens[r] - (qsl[r + 1] - j);
+      slots.push_back(table[r * width + pos / bs] * bs + pos % bs);
+    }
+  }
+  Call step;
+  step.add("q", {tokens, heads, config.qk_nope_head_dim + d.rope}, d.act);
+  step.add("kv_c_normed", {tokens, d.rank}, d.act);
+  step.add("k_pe", {tokens, d.rope}, d.act);
+  step.add("kv_cache", {d.num_blocks, bs, d.entry_width()}, d.cache_dtype(),
+           d.kv_format == MLAKIT_KV_CACHE_FP8_DS_MLA ? Fill::kRawBytes : Fill::kFinite);
+  step.add("output", {tokens, heads * config.v_head_dim}, d.act);
+  step.add("block_table", {reqs, width}, kDlI32, Fill::kIndex, table);
+  step.add("slot_mapping", {tokens}, kDlI64, Fill::kIndex, slots);
+  step.break_some(in);
+  step.materialize_all(rng);
+  auto& t = step.tensors;
+  mlakit_forward_batch_t batch{qsl.data(), lens.data(),
+                               reqs,       tokens + in.ConsumeIntegralInRange<int64_t>(0, 1),
+                               t[5].ptr(), t[6].ptr()};
+  mlakit_plan_t* plan = nullptr;
+  // The plan is make_plan's, whose batch checks split_decodes_and_prefills shares.
+  const std::initializer_list<const char*> planner = {"make_plan: ",
+                                                      "split_decodes_and_prefills: "};
+  expect_status("MlaAttention::plan", mlakit_attention_plan(layer, &batch, &plan), planner);
+  mlakit_plan_destroy(plan);
+  const bool profile = in.ConsumeIntegralInRange(0, 7) == 0;
+  const float q_scale = draw_scale(in), k_scale = draw_scale(in);
+  const mlakit_status_t status =
+      mlakit_attention_forward(layer, t[0].ptr(), t[1].ptr(), t[2].ptr(), t[3].ptr(),
+                               profile ? nullptr : &batch, t[4].ptr(), q_scale, k_scale, nullptr);
+  mlakit_attention_destroy(layer);
+  // Some defects surface from the op that meets them inside the step: bad index contents (block
+  // ids, slots) and output layouts that forward itself does not check (see docs/hardening.md).
+  expect_status(
+      "MlaAttention::forward", status,
+      {"make_plan: ", "split_decodes_and_prefills: ", "concat_and_cache_mla: ",
+       "gather_and_maybe_dequant_cache: ", "mla_decode: ", "mla_prefill: ", "merge_attn_states: ",
+       "batched_matmul: ", "scaled_fp8_quant: ", "copy: ", "fill_zero: "});
+  bool finite_inputs = d.kv_format != MLAKIT_KV_CACHE_FP8_DS_MLA && moderate(config.scale) &&
+                       moderate(q_scale) && moderate(k_scale) && !fp8_weight;
+  for (int i = 0; i < 4; ++i) finite_inputs &= dense_and_backed(t[i]) || numel(t[i]) == 0;
+  if (status == MLAKIT_OK && finite_inputs && dense_and_backed(t[4])) {
+    for (int64_t i = 0; i < numel(t[4]); ++i) {
+      MLAKIT_FUZZ_EXPECT(std::isfinite(float_at(t[4], i)),
+                         "MlaAttention::forward: output element " + std::to_string(i) +
+                             " is not finite although every input is");
+    }
+  }
+}
+
 void fuzz_parse_kv_cache_dtype(FuzzedDataProvider& in) {
   const std::string name = in.ConsumeRandomLengthString(24);
   int32_t value = -1;
@@ -460,7 +578,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   using namespace mlakit::fuzz;
   FuzzedDataProvider in(data, size);
   Rng rng(in.ConsumeIntegral<uint32_t>());
-  switch (in.ConsumeIntegralInRange(0, 8)) {
+  switch (in.ConsumeIntegralInRange(0, 9)) {
     case 0:
       fuzz_concat_and_cache_mla(in, rng);
       break;
@@ -484,6 +602,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       break;
     case 7:
       fuzz_mla_prefill(in, rng);
+      break;
+    case 8:
+      fuzz_attention(in, rng);
       break;
     default:
       fuzz_parse_kv_cache_dtype(in);

@@ -68,6 +68,7 @@ enum class Fill {
   kLse,       // finite floats, with an occasional -inf or +inf
   kIndex,     // `values` in logical order (integer dtypes); anything else after a dtype change
   kRawBytes,  // whatever the generator gives (NaN and inf included)
+  kScales,    // finite floats in [0.01, 4] (f32): valid fp8 block scales
 };
 
 // One tensor argument: its description, its memory and its contents.
@@ -204,6 +205,11 @@ inline void materialize(FuzzTensor& t, Rng& rng) {
     } else {
       for (int64_t b = 0; b < esize; ++b) base[i * esize + b] = static_cast<unsigned char>(rng());
     }
+  }
+  if (t.fill == Fill::kScales && dtype == DType::kF32) {
+    std::uniform_real_distribution<float> scale(0.01f, 4.0f);
+    for (int64_t i = lowest; i < lowest + slots; ++i)
+      reinterpret_cast<float*>(base)[i] = scale(rng);
   }
   if (t.fill == Fill::kLse && dtype == DType::kF32) {
     const float specials[] = {-INFINITY, INFINITY};
