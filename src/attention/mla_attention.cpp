@@ -253,7 +253,11 @@ void MlaAttention::forward(const TensorView& q, const TensorView& kv_c_normed,
       q_kernel = buf.ql_fp8.narrow(0, 0, td);
       ops::scaled_fp8_quant(ql, q_kernel, scales.q_scale, stream);
     }
-    const ops::DecodeParams params{c.scale, c.kv_cache_dtype, scales.q_scale, scales.k_scale};
+    const ops::DecodeParams params{.scale = c.scale,
+                                   .kv_dtype = c.kv_cache_dtype,
+                                   .q_scale = scales.q_scale,
+                                   .k_scale = scales.k_scale,
+                                   .kv_lora_rank = l};
     const int64_t first_padding = s.runs.first_padding_token;
     if (first_padding < td) {
       ops::fill_zero(o_lat.narrow(0, first_padding, td - first_padding), stream);
