@@ -539,6 +539,8 @@ void check_batch_invariance(Case c, int32_t r_len, uint64_t stream) {
     for (int i = 0; i < n; ++i) {
       RequestValues v;
       v.seq_len = other_len(rng);
+      // seq_lens count the s_q new tokens too: a length in (0, s_q) becomes s_q.
+      if (v.seq_len > 0 && v.seq_len < c.s_q) v.seq_len = static_cast<int32_t>(c.s_q);
       const int64_t at = offset(rng) * c.dim();
       v.keys.assign(pool.keys.begin() + at, pool.keys.begin() + at + v.seq_len * c.dim());
       v.q.assign(pool.keys.begin() + at, pool.keys.begin() + at + static_cast<int64_t>(r.q.size()));
