@@ -164,9 +164,9 @@ DecodeSchedule mla_decode_plan_ahead(const DecodeSchedule& schedule, const Tenso
 int64_t mla_decode_max_workspace_elems(const DecodePlanShape& shape, int64_t kv_lora_rank);
 
 // Convenience form: plans with plan_mla_decode's choice (max_seq_len = block_table width x
-// block_size) and allocates the workspace itself. For CUDA tensors it runs on the default stream
-// and waits for it before returning (it frees the workspace): not graph-safe, and slower than the
-// scheduled form with a reused workspace.
+// block_size, at most 2^31 - 1) and allocates the workspace itself. For CUDA tensors it runs on
+// the default stream and waits for it before returning (it frees the workspace): not graph-safe,
+// and slower than the scheduled form with a reused workspace.
 void mla_decode(const TensorView& q, const TensorView& kv_cache, const TensorView& block_table,
                 const TensorView& seq_lens, const TensorView& out, const TensorView& lse,
                 const DecodeParams& params);
