@@ -155,6 +155,26 @@ void api_activity(Fn&& fn) {
   check(cuptiActivityFlushAll(1), "cuptiActivityFlushAll");
 }
 
+// An empty kernel: the floor of one launch's host time.
+__global__ void empty_kernel() {}
+
+// Host time of one launch of an empty kernel (median of kReps bursts of 100, no synchronization
+// inside a burst), in us.
+double empty_launch_us(cudaStream_t stream) {
+  constexpr int kBurst = 100;  // launches per timed burst: well below the launch queue's depth
+  std::vector<double> per_launch;
+  for (int rep = 0; rep < kWarmups + kReps; ++rep) {
+    check(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
+    const auto t0 = std::chrono::steady_clock::now();
+    for (int i = 0; i < kBurst; ++i) empty_kernel<<<1, 1, 0, stream>>>();
+    const double us =
+        std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
+    check(cudaGetLastError(), "empty_kernel launch");
+    if (rep >= kWarmups) per_launch.push_back(us / kBurst);
+  }
+  return median(per_launch);
+}
+
 // ---- the model
 // -----------------------------------------------------------------------------------
 
@@ -315,6 +335,8 @@ int main(int argc, char** argv) {
     }
   }
 
+  const double launch_us = empty_launch_us(stream);
+
   // Kernel time of one layer: CUPTI records of kReps eager runs of layer 0.
   check(cuptiActivityRegisterCallbacks(buffer_requested, buffer_completed),
         "cuptiActivityRegisterCallbacks");
@@ -363,6 +385,8 @@ int main(int argc, char** argv) {
   std::printf("| eager forward() host time | %.2f | <= 10 (%s) |\n", host,
               host <= 10.0 ? "met" : "NOT met");
   std::printf("| eager device time | %.2f | |\n", eager);
+  std::printf("| one empty-kernel launch, host time (the floor of a launch) | %.2f | |\n",
+              launch_us);
   std::printf("| kernels (CUPTI sum, %.1f activities) | %.2f | |\n", activities_per_layer,
               kernel_us);
   std::printf("| graph replay | %.2f | <= 1.10 x kernels: %.3f (%s) |\n", replay, ratio,
@@ -384,11 +408,11 @@ int main(int argc, char** argv) {
                  "\"workspace_bytes\": %lld, \"plan_step_us\": %.3f, \"eager_host_us_per_layer\": "
                  "%.3f, \"eager_device_us_per_layer\": %.3f, \"kernel_us_per_layer\": %.3f, "
                  "\"activities_per_layer\": %.2f, \"graph_us_per_layer\": %.3f, "
-                 "\"graph_over_kernels\": %.4f}\n",
+                 "\"graph_over_kernels\": %.4f, \"empty_launch_us\": %.3f}\n",
                  static_cast<long long>(o.layers), static_cast<long long>(o.batch),
                  static_cast<long long>(o.seq_len), static_cast<long long>(o.heads),
                  static_cast<long long>(workspace.bytes()), plan_us, host, eager, kernel_us,
-                 activities_per_layer, replay, ratio);
+                 activities_per_layer, replay, ratio, launch_us);
     std::fclose(f);
   }
   cudaGraphExecDestroy(exec);
