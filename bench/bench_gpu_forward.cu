@@ -175,6 +175,24 @@ double empty_launch_us(cudaStream_t stream) {
   return median(per_launch);
 }
 
+// Host time of one call of `launch` (median of kReps bursts of kBurst calls, no synchronization
+// inside a burst), in us.
+template <class F>
+double host_us_per_call(cudaStream_t stream, F&& launch) {
+  constexpr int kBurst = 20;  // calls per timed burst: a few hundred launches, below the queue
+  std::vector<double> per_call;
+  for (int rep = 0; rep < kWarmups + kReps; ++rep) {
+    check(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
+    const auto t0 = std::chrono::steady_clock::now();
+    for (int i = 0; i < kBurst; ++i) launch();
+    const double us =
+        std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
+    if (rep >= kWarmups) per_call.push_back(us / kBurst);
+  }
+  check(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
+  return median(per_call);
+}
+
 // ---- the model
 // -----------------------------------------------------------------------------------
 
@@ -275,6 +293,8 @@ int main(int argc, char** argv) {
   };
   const Tensor block_table = index_tensor(table, {o.batch, width}, DType::kI32);
   const Tensor slot_mapping = index_tensor(slots, {o.batch}, DType::kI64);
+  const Tensor seq_lens_dev =
+      index_tensor(std::vector<int64_t>(seq_lens.begin(), seq_lens.end()), {o.batch}, DType::kI32);
 
   std::vector<std::unique_ptr<mlakit::MlaAttention>> layers;
   std::vector<Tensor> caches, outputs;
@@ -337,6 +357,61 @@ int main(int argc, char** argv) {
 
   const double launch_us = empty_launch_us(stream);
 
+  // Where the eager host time goes, op by op: each op of a decode layer called alone through the
+  // public ops API with the layer's shapes (the rest of forward() is the orchestrator's).
+  const int64_t n = d.num_heads, p = d.qk_nope_head_dim, l = d.kv_lora_rank, r = d.qk_rope_head_dim,
+                e = d.entry_dim();
+  const Tensor ql = Tensor::empty({o.batch, n, e}, DType::kBF16, gpu);
+  const Tensor o_lat = Tensor::empty({o.batch, 1, n, l}, DType::kBF16, gpu);
+  const Tensor lse = Tensor::empty({o.batch, 1, n}, DType::kF32, gpu);
+  const mlakit::DecodeSchedule op_schedule = mlakit::ops::plan_mla_decode(
+      {gpu, o.batch, 1, n, kBlockSize, width * kBlockSize, false}, seq_lens);
+  const Tensor split_ws = Tensor::empty(
+      {mlakit::ops::mla_decode_workspace_elems(op_schedule, 1, n, l)}, DType::kF32, gpu);
+  const mlakit::DecodeSchedule ahead = mlakit::ops::mla_decode_plan_ahead(
+      op_schedule, block_table, seq_lens_dev, kBlockSize, l, split_ws, s);
+  const mlakit::ops::DecodeParams params{kScale, mlakit::KvCacheDType::kAuto, 1.0f, 1.0f, l};
+  const mlakit::AbsorbedWeights& w0 = layers[0]->weights();
+  const mlakit::TensorView out_heads =
+      mlakit::TensorView::strided(outputs[0].view().data, DType::kBF16, {o.batch, n, d.v_head_dim},
+                                  {n * d.v_head_dim, d.v_head_dim, 1}, gpu);
+  const std::vector<std::pair<const char*, double>> op_host_us = {
+      {"concat_and_cache_mla", host_us_per_call(stream,
+                                                [&] {
+                                                  mlakit::ops::concat_and_cache_mla(
+                                                      kv_c, k_pe, caches[0], slot_mapping,
+                                                      mlakit::KvCacheDType::kAuto, 1.0f, s);
+                                                })},
+      {"batched_matmul (W_UK absorb)",
+       host_us_per_call(stream,
+                        [&] {
+                          mlakit::ops::batched_matmul(q.view().narrow(2, 0, p).transpose(0, 1),
+                                                      w0.w_uk_t,
+                                                      ql.view().narrow(2, 0, l).transpose(0, 1), s);
+                        })},
+      {"copy (q_pe)", host_us_per_call(stream,
+                                       [&] {
+                                         mlakit::ops::copy(q.view().narrow(2, p, r),
+                                                           ql.view().narrow(2, l, r), s);
+                                       })},
+      {"mla_decode (planned ahead)", host_us_per_call(stream,
+                                                      [&] {
+                                                        mlakit::ops::mla_decode(
+                                                            ql.view().reshape({o.batch, 1, n, e}),
+                                                            caches[0], block_table, seq_lens_dev,
+                                                            o_lat, lse, params, ahead, split_ws, s);
+                                                      })},
+      {"batched_matmul (W_UV)",
+       host_us_per_call(stream,
+                        [&] {
+                          mlakit::ops::batched_matmul(
+                              o_lat.view().reshape({o.batch, n, l}).transpose(0, 1), w0.w_uv,
+                              out_heads.transpose(0, 1), s);
+                        })},
+  };
+  double op_host_sum = 0;
+  for (const auto& [name, us] : op_host_us) op_host_sum += us;
+
   // Kernel time of one layer: CUPTI records of kReps eager runs of layer 0.
   check(cuptiActivityRegisterCallbacks(buffer_requested, buffer_completed),
         "cuptiActivityRegisterCallbacks");
@@ -391,6 +466,10 @@ int main(int argc, char** argv) {
               kernel_us);
   std::printf("| graph replay | %.2f | <= 1.10 x kernels: %.3f (%s) |\n", replay, ratio,
               ratio <= 1.10 ? "met" : "NOT met");
+  std::printf("host time per call of each op of a decode layer, called alone:\n");
+  for (const auto& [name, us] : op_host_us) std::printf("  %-44s %8.2f us\n", name, us);
+  std::printf("  %-44s %8.2f us (forward() %.2f: the rest is the orchestrator's)\n", "sum",
+              op_host_sum, host);
   std::printf("host time in CUDA API calls per layer forward (CUPTI, top 12):\n");
   for (size_t i = 0; i < std::min<size_t>(12, api_rows.size()); ++i) {
     const auto& [calls, ns] = g_api[api_rows[i].second];
@@ -408,11 +487,15 @@ int main(int argc, char** argv) {
                  "\"workspace_bytes\": %lld, \"plan_step_us\": %.3f, \"eager_host_us_per_layer\": "
                  "%.3f, \"eager_device_us_per_layer\": %.3f, \"kernel_us_per_layer\": %.3f, "
                  "\"activities_per_layer\": %.2f, \"graph_us_per_layer\": %.3f, "
-                 "\"graph_over_kernels\": %.4f, \"empty_launch_us\": %.3f}\n",
+                 "\"graph_over_kernels\": %.4f, \"empty_launch_us\": %.3f, \"op_host_us\": {",
                  static_cast<long long>(o.layers), static_cast<long long>(o.batch),
                  static_cast<long long>(o.seq_len), static_cast<long long>(o.heads),
                  static_cast<long long>(workspace.bytes()), plan_us, host, eager, kernel_us,
                  activities_per_layer, replay, ratio, launch_us);
+    for (size_t i = 0; i < op_host_us.size(); ++i) {
+      std::fprintf(f, "%s\"%s\": %.3f", i ? ", " : "", op_host_us[i].first, op_host_us[i].second);
+    }
+    std::fprintf(f, "}}\n");
     std::fclose(f);
   }
   cudaGraphExecDestroy(exec);
