@@ -8,7 +8,10 @@
 // shapes with a batch-invariant schedule (its cost), and the s_q x h_q grid at B64 s_kv 4096.
 // Each case cycles through enough copies of all its inputs that one cycle reads more than 3x the
 // L2 (180 MiB on an H200); one CUDA graph holds one decode per copy; per-decode time = replay
-// time / copies; median of kReps replays. --json PATH also writes the rows machine-readably.
+// time / copies; median of kReps replays. Two times per row: "us" with each copy's work plan
+// written ahead by mla_decode_plan_ahead outside the graph (what each layer of an engine step pays,
+// and how FlashMLA's times leave out its get_mla_metadata: the figure compared with FlashMLA), and
+// "self-plan" with the op's own plan kernel in the graph. --json PATH also writes the rows.
 #include <cublas_v2.h>
 #include <cuda_bf16.h>
 #include <cuda_fp8.h>
@@ -283,7 +286,9 @@ Copy make_copy(const Case& c, int64_t width, const mlakit::DecodeSchedule& sched
 
 struct Row {
   std::string shape, kv;
-  double mlakit_us, flashmla_us, floor_us;
+  double mlakit_us;         // work plan written ahead (the engine's per-layer cost)
+  double self_planning_us;  // the op's own plan kernel included
+  double flashmla_us, floor_us;
 };
 
 Row run_case(const Case& c, const Ceilings& ceil, cudaStream_t stream) {
@@ -323,26 +328,51 @@ Row run_case(const Case& c, const Ceilings& ceil, cudaStream_t stream) {
   }
   check(cudaStreamEndCapture(stream, &graph), "end capture");
   check(cudaGraphInstantiate(&exec, graph, 0), "instantiate");
+  const double self_planning_ms =
+      median_ms(stream, [&] { check(cudaGraphLaunch(exec, stream), "replay"); }) / copies;
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+  // The same decodes with their work plans written ahead (mla_decode_plan_ahead, outside the
+  // graph), as an engine step plans once for all its layers and as FlashMLA's timings exclude its
+  // get_mla_metadata: the figure compared with FlashMLA.
+  std::vector<mlakit::DecodeSchedule> ahead;
+  for (const Copy& x : k) {
+    ahead.push_back(mlakit::ops::mla_decode_plan_ahead(
+        schedule, x.block_table, x.seq_lens, kPageSize, 512, x.workspace, mlakit::Stream{stream}));
+  }
+  check(cudaStreamSynchronize(stream), "plan ahead");
+  check(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal), "begin capture");
+  for (size_t i = 0; i < k.size(); ++i) {
+    const Copy& x = k[i];
+    mlakit::ops::mla_decode(x.q, x.cache, x.block_table, x.seq_lens, x.out, x.lse, params, ahead[i],
+                            x.workspace, mlakit::Stream{stream});
+  }
+  check(cudaStreamEndCapture(stream, &graph), "end capture");
+  check(cudaGraphInstantiate(&exec, graph, 0), "instantiate");
   const double ms =
       median_ms(stream, [&] { check(cudaGraphLaunch(exec, stream), "replay"); }) / copies;
   cudaGraphExecDestroy(exec);
   cudaGraphDestroy(graph);
   mlakit::ops::check_device_errors(Device::cuda(0), mlakit::Stream{stream});
 
-  const double us = ms * 1e3;
+  const double us = ms * 1e3, self_planning_us = self_planning_ms * 1e3;
   const double memory_floor_us = bytes / (ceil.read_gbs * 1e9) * 1e6;
   const double compute_floor_us = flops / (ceil.bf16_tflops * 1e12) * 1e6;
   const double floor_us = std::max(memory_floor_us, compute_floor_us);
   const double perf_floor_us =
       std::max(bytes / (kPerfReadGbs * 1e9), flops / (kPerfTflops * 1e12)) * 1e6;
-  Row row{c.shape + (c.batch_invariant ? " batch-invariant" : ""), fp8 ? "fp8_e4m3" : "bf16", us,
-          c.batch_invariant ? 0.0 : flashmla_us(c.shape, c.kv_dtype), floor_us};
+  Row row{c.shape + (c.batch_invariant ? " batch-invariant" : ""),
+          fp8 ? "fp8_e4m3" : "bf16",
+          us,
+          self_planning_us,
+          c.batch_invariant ? 0.0 : flashmla_us(c.shape, c.kv_dtype),
+          floor_us};
   char ratio[16] = "      -";
   if (row.flashmla_us > 0) std::snprintf(ratio, sizeof(ratio), "%7.2f", us / row.flashmla_us);
   char anchor[16] = "      -";
   if (row.flashmla_us > 0) std::snprintf(anchor, sizeof(anchor), "%7.1f", row.flashmla_us);
-  std::printf("%-44s %-8s %5ld %9.1f %6.0f %6.1f %8.1f %8.1f %6.1f%% %6.1f%% %s %s\n",
-              row.shape.c_str(), row.kv.c_str(), schedule.device.num_parts, us,
+  std::printf("%-44s %-8s %5ld %9.1f %9.1f %6.0f %6.1f %8.1f %8.1f %6.1f%% %6.1f%% %s %s\n",
+              row.shape.c_str(), row.kv.c_str(), schedule.device.num_parts, us, self_planning_us,
               bytes / (us * 1e-6) / 1e9, flops / (us * 1e-6) / 1e12, memory_floor_us,
               compute_floor_us, 100.0 * floor_us / us, 100.0 * perf_floor_us / us, anchor, ratio);
   std::fflush(stdout);
@@ -363,10 +393,11 @@ void write_json(const std::string& path, const std::vector<Row>& rows, const std
     char anchor[32] = "null";
     if (r.flashmla_us > 0) std::snprintf(anchor, sizeof(anchor), "%.1f", r.flashmla_us);
     std::fprintf(f,
-                 "  {\"shape\": \"%s\", \"kv\": \"%s\", \"mlakit_us\": %.1f, \"flashmla_us\": %s, "
-                 "\"floor_us\": %.1f, \"commit\": \"%s\"}%s\n",
-                 r.shape.c_str(), r.kv.c_str(), r.mlakit_us, anchor, r.floor_us, commit.c_str(),
-                 i + 1 < rows.size() ? "," : "");
+                 "  {\"shape\": \"%s\", \"kv\": \"%s\", \"mlakit_us\": %.1f, "
+                 "\"mlakit_self_planning_us\": %.1f, \"flashmla_us\": %s, \"floor_us\": %.1f, "
+                 "\"commit\": \"%s\"}%s\n",
+                 r.shape.c_str(), r.kv.c_str(), r.mlakit_us, r.self_planning_us, anchor, r.floor_us,
+                 commit.c_str(), i + 1 < rows.size() ? "," : "");
   }
   std::fprintf(f, "]\n");
   std::fclose(f);
@@ -408,9 +439,9 @@ int main(int argc, char** argv) {
       "bf16 GEMM %d^3 %.0f TFLOP/s\n\n",
       ceil.copy_gbs, ceil.read_gbs, kGemmN, ceil.bf16_tflops);
 
-  std::printf("%-44s %-8s %5s %9s %6s %6s %8s %8s %7s %7s %7s %7s\n", "shape (page 64)", "kv",
-              "parts", "us", "GB/s", "TF/s", "mem us", "flop us", "%floor", "%PERF", "FlashMLA",
-              "ratio");
+  std::printf("%-44s %-8s %5s %9s %9s %6s %6s %8s %8s %7s %7s %7s %7s\n", "shape (page 64)", "kv",
+              "parts", "us", "self-plan", "GB/s", "TF/s", "mem us", "flop us", "%floor", "%PERF",
+              "FlashMLA", "ratio");
   // Issue 8's table, then each of its shapes batch-invariant (its cost), then item 4's s_q x h_q
   // grid at B64 s_kv 4096.
   std::vector<Case> cases;
