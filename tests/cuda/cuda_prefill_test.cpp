@@ -380,7 +380,7 @@ TEST(CudaPrefill, RejectsBadArgumentsWithTheCpuMessages) {
   Tensor v_heads = Tensor::empty({10, 3, kDv}, DType::kBF16, Device::cuda(0));
   MLAKIT_EXPECT_THROW_MSG(ops::mla_prefill(d.q, d.k_nope, d.k_pe, v_heads, d.cu_q, d.cu_k, 5, 6,
                                            0.1f, true, d.out, d.lse.view()),
-                          "mla_prefill: v.shape[1] must equal 2, got 3");
+                          "mla_prefill: v.shape[1] must equal q.shape[1] (heads N) = 2, got 3");
   MLAKIT_EXPECT_THROW_MSG(ops::mla_prefill(d.q, d.k_nope, d.k_pe, d.v, d.cu_q, d.cu_k, 5, 6, 0.0f,
                                            true, d.out, d.lse.view()),
                           "mla_prefill: scale must be finite and > 0, got 0");
