@@ -221,7 +221,7 @@ void run_case(const DecodeCase& c, const Ceilings& ceil) {
   const Tensor ws = Tensor::empty({std::max<int64_t>(1, mlakit::ops::mla_decode_workspace_elems(
                                                             schedule, c.s_q, c.heads, kRank))},
                                   DType::kF32);
-  const mlakit::ops::DecodeParams params{0.1352338f, c.kv_dtype, 1.0f, 1.0f};
+  const mlakit::ops::DecodeParams params{0.1352338f, c.kv_dtype, 1.0f, 1.0f, kRank};
 
   int64_t next = 0;
   const double s = median_seconds(kReps, [&] {  // each run reads the next copy

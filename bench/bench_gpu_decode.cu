@@ -313,7 +313,7 @@ Row run_case(const Case& c, const Ceilings& ceil, cudaStream_t stream) {
   for (int i = 0; i < copies; ++i) k.push_back(make_copy(c, width, schedule, rng, 100 + 10 * i));
   check(cudaDeviceSynchronize(), "fill");
 
-  const mlakit::ops::DecodeParams params{kScale, c.kv_dtype, 1.0f, 1.0f};
+  const mlakit::ops::DecodeParams params{kScale, c.kv_dtype, 1.0f, 1.0f, /*kv_lora_rank=*/512};
   cudaGraph_t graph;
   cudaGraphExec_t exec;
   check(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal), "begin capture");

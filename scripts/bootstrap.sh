@@ -16,6 +16,10 @@ PACKAGES=(
   nlohmann-json3-dev=3.11.2-2
   libopenmpi-dev=4.1.4-3+b1
   openmpi-bin=4.1.4-3+b1
+  # libFuzzer targets (scripts/fuzz.sh): clang 14 with its sanitizer/fuzzer runtimes and OpenMP.
+  clang-14=1:14.0.6-12
+  libclang-rt-14-dev=1:14.0.6-12
+  libomp-14-dev=1:14.0.6-12
 )
 
 SUDO=""

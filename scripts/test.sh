@@ -3,7 +3,8 @@
 #   1. Release build with warnings as errors, all tests (GPU tests skip without a GPU), then the
 #      Python package's pytest suite against that build;
 #   2. AddressSanitizer + UndefinedBehaviorSanitizer build, all CPU tests;
-#   3. when nvcc exists: the CUDA backend compiled for sm_90a (and its tests run, which skip
+#   3. the libFuzzer targets (clang, ASan + UBSan), 60 s each on their seed corpus;
+#   4. when nvcc exists: the CUDA backend compiled for sm_90a (and its tests run, which skip
 #      cleanly on a machine without a GPU).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -22,6 +23,9 @@ echo "== ASan + UBSan build =="
 cmake --preset asan > /dev/null
 cmake --build --preset asan -j "$JOBS"
 ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 ctest --preset asan -j "$JOBS"
+
+echo "== libFuzzer smoke runs (60 s per target) =="
+bash scripts/fuzz.sh 60
 
 if command -v nvcc > /dev/null 2>&1 || [ -x /usr/local/cuda/bin/nvcc ]; then
   echo "== CUDA backend (sm_90a) =="

@@ -21,7 +21,7 @@ struct MlaDims {
   int64_t qk_head_dim() const { return qk_nope_head_dim + qk_rope_head_dim; }  // P + R (192)
   int64_t kv_b_out_dim() const { return qk_nope_head_dim + v_head_dim; }       // P + V (256)
 
-  // Throws mlakit::Error unless every dimension is positive.
+  // Throws mlakit::Error unless every dimension is in [1, 2^31 - 1].
   void validate() const;
 };
 

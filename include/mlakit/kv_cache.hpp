@@ -46,8 +46,11 @@ struct KvCacheSpec {
 };
 
 // Checks that `cache` is a [num_blocks, block_size, entry_width] tensor of the right dtype for
-// `kv_dtype` with a contiguous entry (stride(2) == 1). Throws an Error naming `op`.
+// `kv_dtype` with a contiguous entry (stride(2) == 1). Throws an Error naming `op` and the
+// argument `name` ("kv_cache" in the first form).
 void check_kv_cache(const char* op, const TensorView& cache, KvCacheDType kv_dtype,
                     const MlaDims& dims);
+void check_kv_cache(const char* op, const char* name, const TensorView& cache,
+                    KvCacheDType kv_dtype, const MlaDims& dims);
 
 }  // namespace mlakit

@@ -37,7 +37,7 @@ extern "C" {
 #endif
 
 /* Raised whenever a struct or a signature of this header changes incompatibly. */
-#define MLAKIT_C_ABI_VERSION 2
+#define MLAKIT_C_ABI_VERSION 3
 
 /* ---- Status, errors, version ----------------------------------------------------------------- */
 
@@ -61,7 +61,7 @@ MLAKIT_API const char* mlakit_version(void);
 /* MLAKIT_C_ABI_VERSION of the compiled library (bindings compare it with theirs). */
 MLAKIT_API int32_t mlakit_abi_version(void);
 /* One-line JSON object describing the build, e.g.
- * {"version": "0.1.0", "abi": 1, "cuda": false, "blas": "openblas", "openmp": true,
+ * {"version": "0.1.0", "abi": 3, "cuda": false, "blas": "openblas", "openmp": true,
  *  "threads": 8, "sanitizers": false}. "threads" is the CPU backend's thread count at the first
  * call (OMP_NUM_THREADS or the number of cores). */
 MLAKIT_API const char* mlakit_build_info(void);
@@ -153,16 +153,18 @@ MLAKIT_API mlakit_status_t mlakit_check_device_errors(int32_t device_type, int32
 
 /* Absorbed MQA decode over the paged cache, convenience form (it plans the split-KV schedule
  * itself, with mlakit_plan_mla_decode's choice, and allocates its workspace). Query j of request b
- * attends keys [0, seq_lens[b] - s_q + j]; seq_len 0 gives out 0, lse -inf.
+ * attends keys [0, seq_lens[b] - s_q + j]; seq_lens count the new tokens too, so each is 0 (out 0,
+ * lse -inf) or at least s_q (on the GPU a bad one gives NaN rows and the device error word).
  * q: [B, s_q, N, L + R] act (or fp8 for fp8 caches, dequantized with q_scale); kv_cache:
  * [num_blocks, block_size, entry_width]; block_table: int32 [B, max_blocks]; seq_lens: int32 [B];
- * out: [B, s_q, N, L] f32/f16/bf16; lse: f32 [B, s_q, N]; scale: softmax scale (> 0);
- * k_scale: scale of fp8 e4m3 caches. CUDA tensors: runs on the default stream and waits for it
- * (it frees its workspace), so it cannot be captured in a CUDA graph; use
- * mlakit_mla_decode_scheduled there. */
+ * out: [B, s_q, N, L] f32/f16/bf16; lse: f32 [B, s_q, N]; kv_lora_rank: L (> 0, out's last
+ * dimension must equal it); scale: softmax scale (> 0); k_scale: scale of fp8 e4m3 caches. CUDA
+ * tensors: runs on the default stream and waits for it (it frees its workspace), so it cannot be
+ * captured in a CUDA graph; use mlakit_mla_decode_scheduled there. */
 MLAKIT_API mlakit_status_t mlakit_mla_decode(const DLTensor* q, const DLTensor* kv_cache,
                                              const DLTensor* block_table, const DLTensor* seq_lens,
-                                             const DLTensor* out, const DLTensor* lse, float scale,
+                                             const DLTensor* out, const DLTensor* lse,
+                                             int64_t kv_lora_rank, float scale,
                                              int32_t kv_cache_dtype /* mlakit_kv_cache_dtype_t */,
                                              float q_scale, float k_scale);
 
@@ -204,8 +206,8 @@ MLAKIT_API mlakit_status_t mlakit_decode_workspace_elems(const mlakit_decode_sch
  * (16-byte aligned on CUDA): allocates nothing, so it can be captured in a CUDA graph. */
 MLAKIT_API mlakit_status_t mlakit_mla_decode_scheduled(
     const DLTensor* q, const DLTensor* kv_cache, const DLTensor* block_table,
-    const DLTensor* seq_lens, const DLTensor* out, const DLTensor* lse, float scale,
-    int32_t kv_cache_dtype /* mlakit_kv_cache_dtype_t */, float q_scale, float k_scale,
+    const DLTensor* seq_lens, const DLTensor* out, const DLTensor* lse, int64_t kv_lora_rank,
+    float scale, int32_t kv_cache_dtype /* mlakit_kv_cache_dtype_t */, float q_scale, float k_scale,
     const mlakit_decode_schedule_t* schedule, const DLTensor* split_workspace, void* stream);
 
 /* Varlen MHA prefill with d_qk = P + R, d_v = V; request b has queries [cu_seqlens_q[b],

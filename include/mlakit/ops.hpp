@@ -3,9 +3,12 @@
 // index tensors (block tables, slot mappings, lengths) too. Bad input throws mlakit::Error naming
 // the op and the argument; nothing is read or written out of bounds.
 //
+// Parameter names are those of the C ABI (mlakit.h) and of the Python package (vLLM's), so that
+// an error message names the argument the same way in every language.
+//
 // LSE convention (DESIGN.md §3): float32, natural log; an empty key set gives out = 0 and
-// lse = -inf; +inf inputs are treated as -inf. The layout is part of every parameter name:
-// `lse_heads_tokens` is [N, T] (prefill, merge), `lse_tokens_heads` is [.., N] (decode).
+// lse = -inf; +inf inputs are treated as -inf. Layouts (the shape comment of every LSE says
+// which): prefill and merge LSEs are [N, T] (heads x tokens), decode LSEs are [B, s_q, N].
 #pragma once
 
 #include <cstdint>
@@ -24,11 +27,12 @@ namespace mlakit::ops {
 // k_pe:         [T', R]  activation dtype; any row stride
 // kv_cache:     [num_blocks, block_size, entry_width]  (see kv_cache.hpp)
 // slot_mapping: i64 [T], T <= T'; slot < 0 skips the token; slot >= num_blocks * block_size throws
-// k_scale:      per-tensor scale for kFp8E4m3 (stored = e4m3(x / k_scale), saturating); unused
+// L + R must add up to kv_cache's entry (656-byte fp8_ds_mla entries: L = 512, R = 64).
+// scale:        per-tensor k_scale for kFp8E4m3 (stored = e4m3(x / scale), saturating); unused
 //               otherwise. Must be finite and > 0.
 void concat_and_cache_mla(const TensorView& kv_c, const TensorView& k_pe,
                           const TensorView& kv_cache, const TensorView& slot_mapping,
-                          KvCacheDType kv_dtype, float k_scale, Stream stream = {});
+                          KvCacheDType kv_cache_dtype, float scale, Stream stream = {});
 
 // ---- Context gathers (spec A.7) -----------------------------------------------------------------
 // Token t < num_tokens of dst comes from request b = token_to_seq[t] at logical position
@@ -45,7 +49,7 @@ void concat_and_cache_mla(const TensorView& kv_c, const TensorView& k_pe,
 void gather_and_maybe_dequant_cache(const TensorView& src_cache, const TensorView& dst,
                                     const TensorView& block_table, const TensorView& cu_seq_lens,
                                     const TensorView& token_to_seq, int64_t num_tokens,
-                                    KvCacheDType kv_dtype, float scale,
+                                    KvCacheDType kv_cache_dtype, float scale,
                                     const std::optional<TensorView>& seq_starts,
                                     Stream stream = {});
 
@@ -73,47 +77,51 @@ void cp_gather_cache(const TensorView& src_cache, const TensorView& dst,
 // ---- LSE merge (spec A.8, C.6) ------------------------------------------------------------------
 // output, prefix_output, suffix_output: [T, H, D] (each f32, f16 or bf16, dtypes may differ;
 //                                        any strides, D contiguous)
-// prefix_lse_heads_tokens, suffix_lse_heads_tokens: f32 [H, T]
-// output_lse_heads_tokens: f32 [H, T] or absent
+// prefix_lse, suffix_lse: f32 [H, T] (heads x tokens)
+// output_lse:             f32 [H, T] or absent
 // Both sides empty (-inf/-inf) gives out = 0, lse = -inf. Never produces NaN from finite or
 // infinite LSEs. `output` may alias `prefix_output` or `suffix_output`.
-void merge_attn_states(const TensorView& output,
-                       const std::optional<TensorView>& output_lse_heads_tokens,
-                       const TensorView& prefix_output, const TensorView& prefix_lse_heads_tokens,
-                       const TensorView& suffix_output, const TensorView& suffix_lse_heads_tokens,
+void merge_attn_states(const TensorView& output, const std::optional<TensorView>& output_lse,
+                       const TensorView& prefix_output, const TensorView& prefix_lse,
+                       const TensorView& suffix_output, const TensorView& suffix_lse,
                        Stream stream = {});
 
-// ---- fp8 static quantization (decode q; spec A.6, F-37)
-// ------------------------------------------ out = e4m3(clamp(x * (1 / scale), -448, 448)); x: any
-// float dtype, out: kFp8E4m3/kU8, same shape.
-void scaled_fp8_quant(const TensorView& x, const TensorView& out, float scale, Stream stream = {});
+// ---- fp8 static quantization (decode q; spec A.6, F-37) ----------------------------------------
+// out = e4m3(clamp(input * (1 / scale), -448, 448)); input: any float dtype, out: kFp8E4m3/kU8,
+// same shape.
+void scaled_fp8_quant(const TensorView& input, const TensorView& out, float scale,
+                      Stream stream = {});
 
 // ---- Absorbed MQA decode (spec A.6, C.3, C.4, C.7) ----------------------------------------------
 struct DecodeParams {
-  float scale = 0.0f;  // softmax scale from the model (> 0)
-  KvCacheDType kv_dtype = KvCacheDType::kAuto;
-  float q_scale = 1.0f;  // applies when q is fp8 (kFp8E4m3 or kU8)
-  float k_scale = 1.0f;  // applies to kFp8E4m3 caches
+  float scale = 0.0f;                           // softmax scale from the model (> 0)
+  KvCacheDType kv_dtype = KvCacheDType::kAuto;  // kv_cache_dtype of the C and Python APIs
+  float q_scale = 1.0f;                         // applies when q is fp8 (kFp8E4m3 or kU8)
+  float k_scale = 1.0f;                         // applies to kFp8E4m3 caches
+  // L, the latent width: out.shape[3] must equal it, and V = entry[0:L]. 0 takes L from
+  // out.shape[3] unchecked (kept for callers that predate the argument; pass L).
+  int64_t kv_lora_rank = 0;
 };
 // Query j of request b (s_q queries) attends keys [0, seq_lens[b] - s_q + j] (bottom-right
-// causal); K = entry[0:L+R], V = entry[0:L]. seq_len 0 gives out 0, lse -inf.
-// q:                [B, s_q, N, L + R]  activation dtype, or fp8 for fp8 caches
-// kv_cache:         [num_blocks, block_size, entry_width]
-// block_table:      i32 [B, max_blocks]
-// seq_lens:         i32 [B]
-// out:              [B, s_q, N, L]  f32, f16 or bf16
-// lse_tokens_heads: f32 [B, s_q, N]
-// schedule:         plan_mla_decode(...) for the same batch (below): host splits for the CPU,
-//                   device-planned (shape only) for CUDA
-// split_workspace:  f32 with >= mla_decode_workspace_elems(...) elements (partial results; on
-//                   CUDA also the work plan the GPU computes from seq_lens), 16-byte aligned on
-//                   CUDA. On CUDA the call allocates nothing and never synchronizes: capturable in
-//                   a CUDA graph, whose replays follow new seq_lens and block tables.
+// causal); K = entry[0:L+R], V = entry[0:L]. seq_lens count the new tokens too, so every seq_len
+// is 0 (out 0, lse -inf) or at least s_q; on the GPU a bad seq_len gives NaN rows and is reported
+// by check_device_errors.
+// q:               [B, s_q, N, L + R]  activation dtype, or fp8 for fp8 caches
+// kv_cache:        [num_blocks, block_size, entry_width]
+// block_table:     i32 [B, max_blocks]
+// seq_lens:        i32 [B]
+// out:             [B, s_q, N, L]  f32, f16 or bf16
+// lse:             f32 [B, s_q, N]
+// schedule:        plan_mla_decode(...) for the same batch (below): host splits for the CPU,
+//                  device-planned (shape only) for CUDA
+// split_workspace: f32 with >= mla_decode_workspace_elems(...) elements (partial results; on
+//                  CUDA also the work plan the GPU computes from seq_lens), 16-byte aligned on
+//                  CUDA. On CUDA the call allocates nothing and never synchronizes: capturable in
+//                  a CUDA graph, whose replays follow new seq_lens and block tables.
 void mla_decode(const TensorView& q, const TensorView& kv_cache, const TensorView& block_table,
-                const TensorView& seq_lens, const TensorView& out,
-                const TensorView& lse_tokens_heads, const DecodeParams& params,
-                const DecodeSchedule& schedule, const TensorView& split_workspace,
-                Stream stream = {});
+                const TensorView& seq_lens, const TensorView& out, const TensorView& lse,
+                const DecodeParams& params, const DecodeSchedule& schedule,
+                const TensorView& split_workspace, Stream stream = {});
 int64_t mla_decode_workspace_elems(const DecodeSchedule& schedule, int64_t s_q, int64_t num_heads,
                                    int64_t kv_lora_rank);
 // The split-KV schedule of one mla_decode call, chosen by the backend of `device`: the one place
@@ -156,12 +164,12 @@ DecodeSchedule mla_decode_plan_ahead(const DecodeSchedule& schedule, const Tenso
 int64_t mla_decode_max_workspace_elems(const DecodePlanShape& shape, int64_t kv_lora_rank);
 
 // Convenience form: plans with plan_mla_decode's choice (max_seq_len = block_table width x
-// block_size) and allocates the workspace itself. For CUDA tensors it runs on the default stream
-// and waits for it before returning (it frees the workspace): not graph-safe, and slower than the
-// scheduled form with a reused workspace.
+// block_size, at most 2^31 - 1) and allocates the workspace itself. For CUDA tensors it runs on
+// the default stream and waits for it before returning (it frees the workspace): not graph-safe,
+// and slower than the scheduled form with a reused workspace.
 void mla_decode(const TensorView& q, const TensorView& kv_cache, const TensorView& block_table,
-                const TensorView& seq_lens, const TensorView& out,
-                const TensorView& lse_tokens_heads, const DecodeParams& params);
+                const TensorView& seq_lens, const TensorView& out, const TensorView& lse,
+                const DecodeParams& params);
 
 // ---- Varlen MHA prefill, d_qk = P + R, d_v = V, no V padding (spec A.5)
 // --------------------------- Request b has queries [cu_seqlens_q[b], cu_seqlens_q[b+1]) and keys
@@ -173,12 +181,12 @@ void mla_decode(const TensorView& q, const TensorView& kv_cache, const TensorVie
 // v:            [S, N, V]
 // cu_seqlens_q: i32 [B + 1];  cu_seqlens_k: i32 [B + 1]
 // out:          [T, N, V]   f32, f16 or bf16 (may differ from q's); head stride may exceed V
-// lse_heads_tokens: f32 [N, T] or absent
+// lse:          f32 [N, T] (heads x tokens) or absent
 void mla_prefill(const TensorView& q, const TensorView& k_nope, const TensorView& k_pe,
                  const TensorView& v, const TensorView& cu_seqlens_q,
                  const TensorView& cu_seqlens_k, int64_t max_seqlen_q, int64_t max_seqlen_k,
                  float scale, bool causal, const TensorView& out,
-                 const std::optional<TensorView>& lse_heads_tokens, Stream stream = {});
+                 const std::optional<TensorView>& lse, Stream stream = {});
 
 // ---- Elementwise helpers
 // ------------------------------------------------------------------------- dst = src converted to

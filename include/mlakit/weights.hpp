@@ -17,12 +17,14 @@ struct AbsorbedWeights {
   Tensor w_uv;       // [N, L, V]        W_UV[n, l, v]   = weight[n * (P + V) + P + v, l]
 };
 
-// weight:           [N * (P + V), L]  f32, f16, bf16, or fp8 e4m3 (kFp8E4m3 / kU8) with
-// weight_scale_inv: f32 [ceil(N*(P+V) / 128), ceil(L / 128)]  (required for fp8, else absent):
-//                   value = fp8 * weight_scale_inv[row / 128, col / 128].
-// The weight is read from host memory (CPU tensor) and the results are placed on `device`.
-AbsorbedWeights absorb_kv_b_proj(const TensorView& weight,
-                                 const std::optional<TensorView>& weight_scale_inv,
+// kv_b_proj_weight:    [N * (P + V), L]  f32, f16, bf16, or fp8 e4m3 (kFp8E4m3 / kU8) with
+// kv_b_proj_scale_inv: f32 [ceil(N*(P+V) / 128), ceil(L / 128)] (required for fp8, else absent;
+//                      every scale finite and > 0):
+//                      value = fp8 * kv_b_proj_scale_inv[row / 128, col / 128].
+// The names are those of MlaAttention's constructor (and of the C and Python APIs). The weight is
+// read from host memory (CPU tensor) and the results are placed on `device`.
+AbsorbedWeights absorb_kv_b_proj(const TensorView& kv_b_proj_weight,
+                                 const std::optional<TensorView>& kv_b_proj_scale_inv,
                                  const MlaDims& dims, DType act_dtype, Device device = {});
 
 }  // namespace mlakit

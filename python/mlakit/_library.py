@@ -19,7 +19,7 @@ from ._dlpack import DLDataType, DLDevice, DLTensor
 
 LIBRARY_NAME = "libmlakit_c.so"
 # The C ABI this package was written against (MLAKIT_C_ABI_VERSION of mlakit.h).
-ABI_VERSION = 2
+ABI_VERSION = 3
 
 _PACKAGE_DIR = Path(__file__).resolve().parent
 
@@ -201,12 +201,13 @@ _STATUS_FUNCTIONS = {
     "mlakit_merge_attn_states": [_T, _T, _T, _T, _T, _T, _vp],
     "mlakit_scaled_fp8_quant": [_T, _T, _f32, _vp],
     "mlakit_check_device_errors": [_i32, _i32, _vp],
-    "mlakit_mla_decode": [_T, _T, _T, _T, _T, _T, _f32, _i32, _f32, _f32],
+    "mlakit_mla_decode": [_T, _T, _T, _T, _T, _T, _i64, _f32, _i32, _f32, _f32],
     "mlakit_plan_mla_decode": [_P(DecodePlanShapeC), _pi32, _P(_vp)],
     "mlakit_plan_decode_splits": [_pi32, _i64, _i64, _i64, _P(_vp)],
     "mlakit_decode_schedule_info": [_vp, _pi64, _pi64],
     "mlakit_decode_workspace_elems": [_vp, _i64, _i64, _i64, _pi64],
-    "mlakit_mla_decode_scheduled": [_T, _T, _T, _T, _T, _T, _f32, _i32, _f32, _f32, _vp, _T, _vp],
+    "mlakit_mla_decode_scheduled": [_T, _T, _T, _T, _T, _T, _i64, _f32, _i32, _f32, _f32, _vp, _T,
+                                    _vp],
     "mlakit_mla_prefill": [_T, _T, _T, _T, _T, _T, _i64, _i64, _f32, _i32, _T, _T, _vp],
     "mlakit_split_decodes_and_prefills": [_pi32, _i64, _i64, _i64, _i32, _P(SplitCountsC)],
     "mlakit_reorder_decodes_first": [_pi32, _pi32, _i64, _i64, _pi32],

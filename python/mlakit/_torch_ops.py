@@ -120,19 +120,21 @@ def mla_decode(
     seq_lens: torch.Tensor,
     out: torch.Tensor,
     lse: torch.Tensor,
+    kv_lora_rank: int,
     scale: float,
     kv_cache_dtype: str,
     q_scale: float = 1.0,
     k_scale: float = 1.0,
 ) -> None:
-    # The convenience form: plans the split-KV schedule from seq_lens on the host (host tensors).
+    # The convenience form: the library plans the split-KV schedule (CPU: from the host seq_lens;
+    # CUDA: from the shape) and allocates the workspace.
     _ops.mla_decode(q, kv_cache, block_table, seq_lens, out, lse, scale, kv_cache_dtype, q_scale,
-                    k_scale)
+                    k_scale, kv_lora_rank=kv_lora_rank)
 
 
 @mla_decode.register_fake
-def _(q, kv_cache, block_table, seq_lens, out, lse, scale, kv_cache_dtype, q_scale=1.0,
-      k_scale=1.0):
+def _(q, kv_cache, block_table, seq_lens, out, lse, kv_lora_rank, scale, kv_cache_dtype,
+      q_scale=1.0, k_scale=1.0):
     return None
 
 

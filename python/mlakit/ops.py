@@ -220,45 +220,50 @@ def plan_mla_decode(device, batch, s_q, num_heads, block_size, max_seq_len, seq_
 
 
 def mla_decode(q, kv_cache, block_table, seq_lens, out, lse, scale, kv_cache_dtype="auto",
-               q_scale=1.0, k_scale=1.0, schedule=None, workspace=None):
+               q_scale=1.0, k_scale=1.0, schedule=None, split_workspace=None, *, kv_lora_rank):
     """Absorbed MQA decode over the paged latent cache: query j of request b attends keys
     [0, seq_lens[b] - s_q + j] with K = entry[:L+R], V = entry[:L].
 
     q: [B, s_q, N, L + R] (fp8 for fp8 caches: dequantized with q_scale); kv_cache: [num_blocks,
-    block_size, entry_width]; block_table: int32 [B, max_blocks]; seq_lens: int32 [B];
-    out: [B, s_q, N, L] (written); lse: float32 [B, s_q, N] (written).
+    block_size, entry_width]; block_table: int32 [B, max_blocks]; seq_lens: int32 [B], each 0
+    or at least s_q (they count the new tokens too); out: [B, s_q, N, L] (written); lse: float32
+    [B, s_q, N] (written); kv_lora_rank: L, keyword only (out's last dimension must equal it).
 
     Without `schedule` the library plans the splits (plan_mla_decode's choice) and allocates the
     workspace (for torch CUDA tensors through torch, on the tensors' device; the call then runs on
     torch's current stream like every other op, but allocates, so keep it out of CUDA graphs).
     With a schedule from plan_mla_decode (a CPU one for the same seq_lens, a CUDA one for the
-    same shape) `workspace` (float32, at least schedule.workspace_elems(s_q, N, L) elements, on
-    the tensors' device) is required and the call allocates nothing."""
+    same shape) `split_workspace` (float32, at least schedule.workspace_elems(s_q, N, L)
+    elements, on the tensors' device) is required and the call allocates nothing."""
     args = [describe(q, "q"), describe(kv_cache, "kv_cache"), describe(block_table, "block_table"),
             describe(seq_lens, "seq_lens"), describe(out, "out", writable=True),
             describe(lse, "lse", writable=True)]
     refs = [a.ref for a in args]
-    scalars = (to_float(scale, "scale"), kv_cache_dtype_code(kv_cache_dtype),
+    scalars = (int(kv_lora_rank), to_float(scale, "scale"), kv_cache_dtype_code(kv_cache_dtype),
                to_float(q_scale, "q_scale"), to_float(k_scale, "k_scale"))
     if schedule is None:
-        if workspace is not None:
-            raise ValueError("mlakit: mla_decode: workspace is used only together with schedule")
+        if split_workspace is not None:
+            raise ValueError(
+                "mlakit: mla_decode: split_workspace is used only together with schedule"
+            )
         if not _plannable_on_cuda(args, q, kv_cache, block_table, out):
             call("mlakit_mla_decode", *refs, *scalars)
             return
         import torch
 
         batch, s_q, heads = q.shape[:3]
-        schedule = plan_mla_decode(q.device, batch, s_q, heads, kv_cache.shape[1],
-                                   block_table.shape[1] * kv_cache.shape[1])
-        workspace = torch.empty(max(1, schedule.workspace_elems(s_q, heads, out.shape[3])),
-                                dtype=torch.float32, device=q.device)
-    if workspace is None:
+        # seq_lens are int32: no length exceeds 2^31 - 1, however wide the block table.
+        max_seq_len = min(block_table.shape[1] * kv_cache.shape[1], 2**31 - 1)
+        schedule = plan_mla_decode(q.device, batch, s_q, heads, kv_cache.shape[1], max_seq_len)
+        # Sized for out's width: mla_decode itself reports an out that disagrees with kv_lora_rank.
+        split_workspace = torch.empty(max(1, schedule.workspace_elems(s_q, heads, out.shape[3])),
+                                      dtype=torch.float32, device=q.device)
+    if split_workspace is None:
         raise ValueError(
-            "mlakit: mla_decode: a schedule needs its workspace "
+            "mlakit: mla_decode: a schedule needs its split_workspace "
             "(float32, schedule.workspace_elems(s_q, num_heads, kv_lora_rank) elements)"
         )
-    ws = describe(workspace, "workspace", writable=True)
+    ws = describe(split_workspace, "split_workspace", writable=True)
     call("mlakit_mla_decode_scheduled", *refs, *scalars, schedule._handle, ws.ref,
          stream_of(*args, ws))
 

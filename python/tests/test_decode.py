@@ -43,7 +43,8 @@ def check_close(out, lse, ref, ref_lse, dtype):
 @pytest.mark.parametrize("s_q", [1, 2])
 @pytest.mark.parametrize("dtype", [np.float32, BF16])
 def test_decode_auto_cache_matches_mqa_reference(rng, dtype, s_q):
-    seq_lens = np.array([0, 1, BLOCK * 3 - 1, BLOCK * 3 + 1, 150], dtype=np.int32)
+    # empty, the shortest valid request (s_q keys: seq_lens count the new tokens), page ends
+    seq_lens = np.array([0, s_q, BLOCK * 3 - 1, BLOCK * 3 + 1, 150], dtype=np.int32)
     block_table, num_blocks = paged_batch(rng, seq_lens)
     cache = rng.standard_normal((num_blocks, BLOCK, L + R)).astype(dtype)
     poison_unused(cache, block_table, seq_lens, np.nan)
@@ -51,7 +52,7 @@ def test_decode_auto_cache_matches_mqa_reference(rng, dtype, s_q):
     out = np.full((len(seq_lens), s_q, N, L), np.nan, dtype=np.float32).astype(dtype)
     lse = np.full((len(seq_lens), s_q, N), np.nan, dtype=np.float32)
 
-    mlakit.mla_decode(q, cache, block_table, seq_lens, out, lse, SCALE)
+    mlakit.mla_decode(q, cache, block_table, seq_lens, out, lse, SCALE, kv_lora_rank=L)
 
     ref, ref_lse = mqa_decode(q.astype(np.float64), cache.astype(np.float64), block_table,
                               seq_lens, L, SCALE)
@@ -78,7 +79,7 @@ def test_decode_fp8_cache_dequantizes_with_scales(rng, fp8_q):
     lse = np.full((2, 1, N), np.nan, dtype=np.float32)
 
     mlakit.mla_decode(q, codes, block_table, seq_lens, out, lse, SCALE, "fp8", q_scale=q_scale,
-                      k_scale=k_scale)
+                      k_scale=k_scale, kv_lora_rank=L)
 
     cache_ref = E4M3_VALUES[codes] * k_scale
     ref, ref_lse = mqa_decode(q_ref, cache_ref, block_table, seq_lens, L, SCALE)
@@ -97,7 +98,7 @@ def test_decode_with_schedule_and_caller_workspace(rng):
     assert schedule.max_splits > 1  # the long request is split, so partials get merged
     workspace = np.empty(schedule.workspace_elems(1, N, L), dtype=np.float32)
     mlakit.mla_decode(q, cache, block_table, seq_lens, out, lse, SCALE, schedule=schedule,
-                      workspace=workspace)
+                      split_workspace=workspace, kv_lora_rank=L)
 
     ref, ref_lse = mqa_decode(q.astype(np.float64), cache.astype(np.float64), block_table,
                               seq_lens, L, SCALE)
@@ -119,7 +120,7 @@ def test_plan_mla_decode_gives_the_cpu_schedule(rng, batch_invariant):
         assert schedule.max_splits == 3
     workspace = np.empty(schedule.workspace_elems(2, N, L), dtype=np.float32)
     mlakit.mla_decode(q, cache, block_table, seq_lens, out, lse, SCALE, schedule=schedule,
-                      workspace=workspace)
+                      split_workspace=workspace, kv_lora_rank=L)
 
     ref, ref_lse = mqa_decode(q.astype(np.float64), cache.astype(np.float64), block_table,
                               seq_lens, L, SCALE)
@@ -144,10 +145,13 @@ def test_decode_schedule_needs_workspace(rng):
     args = (np.zeros((1, 1, N, L + R), np.float32), np.zeros((1, BLOCK, L + R), np.float32),
             np.zeros((1, 1), np.int32), seq_lens, np.zeros((1, 1, N, L), np.float32),
             np.zeros((1, 1, N), np.float32), SCALE)
-    with pytest.raises(ValueError, match="a schedule needs its workspace"):
-        mlakit.mla_decode(*args, schedule=schedule)
-    with pytest.raises(ValueError, match="split_workspace"):
-        mlakit.mla_decode(*args, schedule=schedule, workspace=np.zeros(1, np.float32))
+    with pytest.raises(ValueError, match="a schedule needs its split_workspace"):
+        mlakit.mla_decode(*args, schedule=schedule, kv_lora_rank=L)
+    with pytest.raises(ValueError, match="split_workspace must hold at least"):
+        mlakit.mla_decode(*args, schedule=schedule, split_workspace=np.zeros(1, np.float32),
+                          kv_lora_rank=L)
+    with pytest.raises(TypeError, match="kv_lora_rank"):
+        mlakit.mla_decode(*args)  # L is required: out's last dimension is checked against it
 
 
 @pytest.mark.parametrize("dtype", [np.float32, BF16])

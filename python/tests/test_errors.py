@@ -15,7 +15,7 @@ def merge_args(lse_dtype=np.float32):
 def test_invalid_argument_is_a_value_error_with_the_message():
     with pytest.raises(ValueError) as info:
         mlakit.merge_attn_states(*merge_args(np.float16))
-    expected = "merge_attn_states: prefix_lse_heads_tokens must have dtype f32, got f16"
+    expected = "merge_attn_states: prefix_lse must have dtype f32, got f16"
     assert str(info.value) == expected
     assert isinstance(info.value, mlakit.MlakitError)
     assert info.value.status == "invalid_argument"

@@ -174,12 +174,13 @@ def test_cuda_decode_plans_itself_or_takes_the_librarys_schedule(rng):
     q = q.to(torch.bfloat16)
     out_cpu = torch.empty(len(seq_lens), 1, N, L)
     lse_cpu = torch.empty(len(seq_lens), 1, N)
-    mlakit.mla_decode(q, cache, table, seq_lens, out_cpu, lse_cpu, 0.1)
+    mlakit.mla_decode(q, cache, table, seq_lens, out_cpu, lse_cpu, 0.1, kv_lora_rank=L)
 
     gpu = [t.cuda() for t in (q, cache, table, seq_lens)]
     out = torch.full((len(seq_lens), 1, N, L), float("nan"), device="cuda")
     lse = torch.full((len(seq_lens), 1, N), float("nan"), device="cuda")
-    mlakit.mla_decode(*gpu, out, lse, 0.1)  # plans from the shape, workspace from torch
+    # plans from the shape, workspace from torch
+    mlakit.mla_decode(*gpu, out, lse, 0.1, kv_lora_rank=L)
     torch.cuda.synchronize()
     # bf16 MMAs with bf16 probabilities against the CPU's f32 (decode_test_support.hpp).
     torch.testing.assert_close(out.cpu(), out_cpu, rtol=1.6e-2, atol=1e-2)
@@ -190,7 +191,8 @@ def test_cuda_decode_plans_itself_or_takes_the_librarys_schedule(rng):
                                           batch_invariant=invariant)
         workspace = torch.empty(schedule.workspace_elems(1, N, L), device="cuda")
         out.fill_(float("nan"))
-        mlakit.mla_decode(*gpu, out, lse, 0.1, schedule=schedule, workspace=workspace)
+        mlakit.mla_decode(*gpu, out, lse, 0.1, schedule=schedule, split_workspace=workspace,
+                          kv_lora_rank=L)
         torch.cuda.synchronize()
         torch.testing.assert_close(out.cpu(), out_cpu, rtol=1.6e-2, atol=1e-2)
         torch.testing.assert_close(lse.cpu(), lse_cpu, rtol=1e-4, atol=1e-4)

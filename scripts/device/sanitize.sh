@@ -1,45 +1,161 @@
 #!/usr/bin/env bash
-# Runs ON the GPU machine (like check.sh, with .devbin carried): a small subset of the GPU tests
-# under compute-sanitizer memcheck and racecheck. Prints one line per run and the sanitizer's
-# summary; exit 0 only when every run is clean.
+# Runs ON the GPU machine (like check.sh, with .devbin carried): every GPU test program that
+# collect.sh packed (the tests/cuda/*_test.cpp programs, .devbin/bin/*_test) under each of
+# compute-sanitizer's tools: memcheck, racecheck, synccheck and initcheck. Prints one line per run
+# and a summary table (program x tool), writes the table to $OUT/sanitize.md and every run's output
+# to $OUT/sanitize.log. Exit 0 only when every run finished clean, ran at least one test and
+# skipped none (MLAKIT_ALLOW_SKIPS=1 allows skips, for a dry run without a GPU; MAY_SKIP programs,
+# as in check.sh, may skip on a one-GPU machine or without libnccl).
 #   device run: command "bash scripts/device/sanitize.sh", carry [".devbin"]
+#   TOOLS="memcheck racecheck" / ONLY="decode_cuda_test cuda_prefill_test" narrow the runs (e.g.
+#   to split them over two device calls).
+#
+# Time: the whole run must fit one device call (10 min), so it stops starting runs after 8 min and
+# reports the rest as NOT RUN (a failure). The sanitizers slow kernels down 10-100x; programs that
+# take more than a few seconds natively run a gtest filter (FILTERS below) that still reaches every
+# kernel family they launch; the others run whole.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
+# NVLink SHARP (multicast) stays off on the lent machines (docs/dcp.md).
+export NCCL_NVLS_ENABLE=0
+# Programs that may skip, as in check.sh: they need >= 2 GPUs, or the machine's libnccl.
+MAY_SKIP=" dcp_nccl_test "
+OUT=${OUT:-/tmp/mlakit-device-sanitize}
+mkdir -p "$OUT"
+LOG="$OUT/sanitize.log"
+TABLE="$OUT/sanitize.md"
+: > "$LOG"
+DEADLINE=$((SECONDS + 480))  # starts no run after 8 min; one run may take RUN_TIMEOUT more
+RUN_TIMEOUT=150
+TOOLS=${TOOLS:-memcheck racecheck synccheck initcheck}
+
+# Programs run with a filter under the sanitizers (native run times from check.sh on the H200):
+declare -A FILTERS=(
+  # 15 s natively: chunked context + padded decodes (gather, prefill, merge, decode, cuBLAS) and
+  # the 128-head layer (the wgmma decode and prefill paths).
+  [cuda_forward_test]="CudaForward.ContextInManyChunksAndPaddedDecodes:CudaForward.OneHundredTwentyEightHeads"
+  # 12 s natively: both decode kernels (16-row mma.sync, 64-row wgmma), every cache format (bf16,
+  # f16, fp8 e4m3, fp8_ds_mla), strided outputs, bad device indices, empty requests, errors.
+  # The plan kernel runs in every one of them; the planned-ahead case adds the plan written once
+  # for several decodes.
+  [decode_cuda_test]="MlaDecodeCuda.StridedQueryOutputAndLse:MlaDecodeCuda.EmptyRequestsNeverTouchTheTable:MlaDecodeCuda.BadDeviceIndicesGiveNanRows:MlaDecodeCuda.SixtyFourRowTilesOverSixteenBitCaches:MlaDecodeCuda.ManyHeads:MlaDecodeCuda.CacheFormatsScalesAndOutputDtypes:MlaDecodeCuda.PlannedAheadScheduleServesSeveralDecodes:MlaDecodeCudaErrors.*"
+  # 7 s natively and no kernel at all (the decode kernels emulated on the host): one case.
+  [decode_emulated_test]="MlaDecodeEmulated.Bf16SixteenRows"
+)
+
+say() { echo "$@" | tee -a "$LOG"; }
+selected() { [ -z "${ONLY:-}" ] || [[ " $ONLY " == *" $1 "* ]]; }
+
+if [ -f .devbin/programs.tar.gz ]; then  # packed by collect.sh
+  tar -C .devbin -xzf .devbin/programs.tar.gz
+fi
+if [ ! -d .devbin/bin ]; then
+  say "sanitize: no .devbin/bin: build and collect on the build machine, then carry .devbin"
+  exit 2
+fi
+# Libraries carried from the build machine, then CUDA's own (toolkit and pip wheels), as check.sh.
 LIBDIR=/tmp/mlakit-devlib
 rm -rf "$LIBDIR" && mkdir -p "$LIBDIR" && tar -C "$LIBDIR" -xzf .devbin/lib.tar.gz
-export LD_LIBRARY_PATH="$LIBDIR/lib:/usr/local/cuda/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-SANITIZER=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
-[ -f .devbin/programs.tar.gz ] && tar -C .devbin -xzf .devbin/programs.tar.gz  # collect.sh packs them
-BIN=.devbin/bin
-echo "commit $(cat .devbin/COMMIT 2>/dev/null || echo unknown); $($SANITIZER --version | tail -n 1)"
-
-# Small cases only: the sanitizers slow kernels down by one to two orders of magnitude.
-declare -a RUNS=(
-  "memcheck cuda_cache_write_test *"
-  "memcheck cuda_cache_gather_test *"
-  "memcheck cuda_merge_test *"
-  "memcheck cuda_prefill_test CudaPrefill.TileBoundaries:CudaPrefill.EmptyRequestsAndRowsPastTheLastRequest:CudaPrefill.BadSeqlens*"
-  "memcheck decode_cuda_test MlaDecodeCuda.StridedQueryOutputAndLse:MlaDecodeCuda.EmptyRequestsNeverTouchTheTable:MlaDecodeCuda.BadDeviceIndicesGiveNanRows"
-  "memcheck cuda_forward_test CudaForward.ContextInManyChunksAndPaddedDecodes"
-  "racecheck cuda_merge_test *"
-  "racecheck cuda_prefill_test CudaPrefill.TileBoundaries"
-  "racecheck decode_cuda_test MlaDecodeCuda.StridedQueryOutputAndLse"
-  "memcheck decode_cuda_test MlaDecodeCuda.SixtyFourRowTilesOverSixteenBitCaches"
-  "racecheck decode_cuda_test MlaDecodeCuda.SixtyFourRowTilesOverSixteenBitCaches"
-  "racecheck cuda_prefill_test CudaPrefill.EmptyRequestsAndRowsPastTheLastRequest"
-)
-failed=0
-for run in "${RUNS[@]}"; do
-  read -r tool test filter <<< "$run"
-  start=$SECONDS
-  timeout 150 "$SANITIZER" --tool "$tool" --error-exitcode 99 "$BIN/$test" \
-    --gtest_filter="$filter" --gtest_brief=1 > "/tmp/san.log" 2>&1
-  rc=$?
-  summary=$(grep -E "ERROR SUMMARY|RACECHECK SUMMARY" /tmp/san.log | tail -n 1)
-  echo "$([ $rc -eq 0 ] && echo CLEAN || echo FAIL)  $tool $test [$filter] exit $rc, $((SECONDS - start)) s: $summary"
-  if [ $rc -ne 0 ]; then
-    failed=1
-    grep -E "=========|FAILED|Failure" /tmp/san.log | head -n 20
-  fi
+cuda_dirs=""
+for d in /usr/local/cuda/lib64 /usr/local/cuda/lib /usr/local/cuda/targets/x86_64-linux/lib; do
+  [ -d "$d" ] && cuda_dirs="$cuda_dirs:$d"
 done
+py_dirs=$(python3 - 2>/dev/null <<'PY'
+import importlib, os
+dirs = []
+for mod in ("nvidia.cublas", "nvidia.cuda_runtime", "nvidia.cu13", "nvidia.nccl"):
+    try:
+        m = importlib.import_module(mod)
+    except Exception:
+        continue
+    for base in getattr(m, "__path__", []):
+        for sub in ("lib", "lib64"):
+            p = os.path.join(base, sub)
+            if os.path.isdir(p):
+                dirs.append(p)
+print(":".join(dirs))
+PY
+)
+export LD_LIBRARY_PATH="$LIBDIR/lib${cuda_dirs}${py_dirs:+:$py_dirs}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+SANITIZER=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
+if [ ! -x "$SANITIZER" ]; then
+  say "sanitize: compute-sanitizer not found"
+  exit 2
+fi
+
+say "commit $(cat .devbin/COMMIT 2>/dev/null || echo unknown); $("$SANITIZER" --version | tail -n 1)"
+say "device $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>&1 | head -n 1)"
+
+programs=()
+for binary in .devbin/bin/*_test; do
+  [ -x "$binary" ] || continue
+  name=$(basename "$binary")
+  selected "$name" && programs+=("$name")
+done
+[ ${#programs[@]} -gt 0 ] || { say "sanitize: no test program selected"; exit 2; }
+
+declare -A RESULT
+failed=0
+for tool in $TOOLS; do
+  for name in "${programs[@]}"; do
+    filter=${FILTERS[$name]:-*}
+    if [[ "$MAY_SKIP" == *" $name "* ]] && ldd ".devbin/bin/$name" | grep -q "not found"; then
+      RESULT[$name,$tool]="ALLOWED SKIP (misses libraries)"
+      say "SKIP     $tool $name (misses $(ldd ".devbin/bin/$name" | awk '/not found/ {print $1}' |
+        tr '\n' ' ')- allowed for this program)"
+      continue
+    fi
+    if [ "$SECONDS" -ge "$DEADLINE" ]; then
+      RESULT[$name,$tool]="NOT RUN"
+      say "NOT RUN  $tool $name (time budget spent)"
+      failed=1
+      continue
+    fi
+    start=$SECONDS
+    run_log=/tmp/sanitize-$tool-$name.log
+    timeout "$RUN_TIMEOUT" "$SANITIZER" --tool "$tool" --error-exitcode 99 \
+      ".devbin/bin/$name" --gtest_filter="$filter" --gtest_brief=1 > "$run_log" 2>&1
+    rc=$?
+    seconds=$((SECONDS - start))
+    summary=$(grep -E "ERROR SUMMARY|RACECHECK SUMMARY" "$run_log" | tail -n 1 | sed 's/^=* *//')
+    passed=$(grep -oE '^\[ +PASSED +\] [0-9]+' "$run_log" | grep -oE '[0-9]+$' | head -n 1)
+    skipped=$(grep -oE '^\[ +SKIPPED +\] [0-9]+' "$run_log" | grep -oE '[0-9]+$' | head -n 1)
+    verdict=CLEAN
+    if [ "$rc" -eq 124 ]; then
+      verdict="TIMEOUT"
+    elif [ "$rc" -eq 99 ]; then
+      verdict="ERRORS"
+    elif [ "$rc" -ne 0 ]; then
+      verdict="FAIL (exit $rc)"
+    elif [ "${skipped:-0}" -gt 0 ] && [[ "$MAY_SKIP" == *" $name "* ]]; then
+      verdict="ALLOWED SKIPS $skipped"  # e.g. fewer than 2 GPUs; the tests that ran were clean
+    elif [ "${passed:-0}" -eq 0 ]; then
+      verdict="NO TESTS"  # a filter that matched nothing must not pass as clean
+    elif [ "${skipped:-0}" -gt 0 ] && [ "${MLAKIT_ALLOW_SKIPS:-0}" != 1 ]; then
+      verdict="SKIPPED $skipped"
+    fi
+    RESULT[$name,$tool]="$verdict, ${seconds} s"
+    say "$(printf '%-8s %-10s %-28s %4d s  %s tests  %s' "${verdict%% *}" "$tool" "$name" \
+      "$seconds" "${passed:-0}" "$summary") $([ "$filter" != "*" ] && echo "[filtered]")"
+    { echo "===== $tool $name [$filter]: $verdict"; cat "$run_log"; } >> "$LOG"
+    if [ "$verdict" != CLEAN ] && [[ "$verdict" != "ALLOWED SKIPS"* ]]; then
+      failed=1
+      grep -E "^========= (Invalid|Race|Barrier|Uninitialized|Error|Program hit)|FAILED|Failure" \
+        "$run_log" | head -n 10
+    fi
+  done
+done
+
+{
+  echo "| program | filter | $(echo $TOOLS | sed 's/ / | /g') |"
+  echo "|---|---|$(for _ in $TOOLS; do printf -- '---|'; done)"
+  for name in "${programs[@]}"; do
+    row="| $name | ${FILTERS[$name]:-all tests} |"
+    for tool in $TOOLS; do row="$row ${RESULT[$name,$tool]:-NOT RUN} |"; done
+    echo "$row"
+  done
+} > "$TABLE"
+say ""
+cat "$TABLE" | tee -a "$LOG"
+say "== $([ $failed -eq 0 ] && echo "every run clean" || echo "NOT CLEAN") ($SECONDS s); log $LOG"
 exit $failed

@@ -324,7 +324,11 @@ void MlaAttention::forward(const TensorView& q, const TensorView& kv_c_normed,
                         ql.narrow(2, 0, l).transpose(0, 1), stream);
     ops::copy(q_d.narrow(2, p, r), ql.narrow(2, l, r), stream);
     const bool fp8_query = c.kv_cache_dtype == KvCacheDType::kFp8E4m3;
-    const ops::DecodeParams params{c.scale, c.kv_cache_dtype, scales.q_scale, scales.k_scale};
+    const ops::DecodeParams params{.scale = c.scale,
+                                   .kv_dtype = c.kv_cache_dtype,
+                                   .q_scale = scales.q_scale,
+                                   .k_scale = scales.k_scale,
+                                   .kv_lora_rank = l};
     if (!dcp) {
       TensorView q_kernel = ql;
       if (fp8_query) {

@@ -1,6 +1,7 @@
 #include "capi/boundary.hpp"
 
 #include <cstring>
+#include <limits>
 
 namespace mlakit::capi {
 
@@ -18,22 +19,30 @@ std::string dtype_string(DLDataType dtype) {
 
 }  // namespace
 
-Device to_device(const char* op, const char* name, DLDevice device) {
-  switch (device.device_type) {
+Device to_device(const char* op, const char* name, int32_t device_type, int32_t device_id) {
+  switch (device_type) {
     case kDLCPU:
     case kDLCUDAHost:  // pinned host memory: ordinary host memory for the CPU backend
       return Device::cpu();
     case kDLCUDA:
-      require(device.device_id >= 0, ErrorCode::kInvalidArgument, op, ": ", name,
-              " has a negative CUDA device id ", device.device_id);
-      return Device::cuda(device.device_id);
+      require(device_id >= 0, ErrorCode::kInvalidArgument, op, ": ", name,
+              " has a negative CUDA device id ", device_id);
+      return Device::cuda(device_id);
     default:
       detail::fail(
           ErrorCode::kUnsupported,
-          detail::str_cat(op, ": ", name, " lives on DLPack device type ",
-                          static_cast<int>(device.device_type),
+          detail::str_cat(op, ": ", name, " lives on DLPack device type ", device_type,
                           "; mlakit supports kDLCPU (1), kDLCUDA (2) and kDLCUDAHost (3)"));
   }
+}
+
+Device to_device(const char* op, const char* name, DLDevice device) {
+  // A C caller may store any int in the enum field; reading it as DLDeviceType would be undefined
+  // for values outside the enumeration's range, so its bytes are read as the int they are.
+  static_assert(sizeof(device.device_type) == sizeof(int32_t));
+  int32_t device_type = 0;
+  std::memcpy(&device_type, &device.device_type, sizeof(device_type));
+  return to_device(op, name, device_type, device.device_id);
 }
 
 mlakit_status_t record_error(mlakit_status_t status, const char* message) noexcept {
@@ -95,7 +104,11 @@ TensorView to_view(const char* op, const char* name, const DLTensor* tensor) {
     require(view.shape[d] >= 0, ErrorCode::kInvalidArgument, op, ": ", name,
             " has a negative size ", view.shape[d], " in dimension ", d);
     view.strides[d] = t.strides != nullptr ? t.strides[d] : dense_stride;
-    dense_stride *= view.shape[d];
+    // Saturates on overflow: only a tensor with zero elements or one that check_storage rejects
+    // (its extent overflows) can have such sizes.
+    if (__builtin_mul_overflow(dense_stride, view.shape[d], &dense_stride)) {
+      dense_stride = std::numeric_limits<int64_t>::max();
+    }
   }
 
   const auto address = reinterpret_cast<uintptr_t>(t.data) + t.byte_offset;

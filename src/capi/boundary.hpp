@@ -47,6 +47,8 @@ mlakit_status_t guarded(const char* op, Body&& body) noexcept {
 // A DLPack device as a Device (pinned host memory is the CPU); `name` is the argument in
 // messages. Throws kInvalidArgument for a negative CUDA id, kUnsupported for other device types.
 Device to_device(const char* op, const char* name, DLDevice device);
+// The same for a device given as a DLDeviceType value (any int) and an id.
+Device to_device(const char* op, const char* name, int32_t device_type, int32_t device_id);
 
 // A borrowed DLTensor as a TensorView (data + byte_offset, strides in elements, NULL strides =
 // dense). Throws kInvalidArgument for NULL, rank > 4, lanes != 1, unknown dtypes, negative sizes

@@ -14,9 +14,13 @@ using mlakit::capi::to_views;
 
 namespace {
 
-mlakit::ops::DecodeParams decode_params(const char* op, float scale, int32_t kv_cache_dtype,
-                                        float q_scale, float k_scale) {
+mlakit::ops::DecodeParams decode_params(const char* op, int64_t kv_lora_rank, float scale,
+                                        int32_t kv_cache_dtype, float q_scale, float k_scale) {
+  // 0 would mean "take L from out" in C++ (ops.hpp); C callers always say what L is.
+  mlakit::detail::require(kv_lora_rank > 0, mlakit::ErrorCode::kInvalidArgument, op,
+                          ": kv_lora_rank must be > 0, got ", kv_lora_rank);
   mlakit::ops::DecodeParams params;
+  params.kv_lora_rank = kv_lora_rank;
   params.scale = scale;
   params.kv_dtype = to_kv_cache_dtype(op, kv_cache_dtype);
   params.q_scale = q_scale;
@@ -30,7 +34,8 @@ extern "C" {
 
 MLAKIT_API mlakit_status_t mlakit_mla_decode(const DLTensor* q, const DLTensor* kv_cache,
                                              const DLTensor* block_table, const DLTensor* seq_lens,
-                                             const DLTensor* out, const DLTensor* lse, float scale,
+                                             const DLTensor* out, const DLTensor* lse,
+                                             int64_t kv_lora_rank, float scale,
                                              int32_t kv_cache_dtype, float q_scale, float k_scale) {
   constexpr const char* kOp = "mla_decode";
   return guarded(kOp, [&] {
@@ -41,8 +46,9 @@ MLAKIT_API mlakit_status_t mlakit_mla_decode(const DLTensor* q, const DLTensor* 
                        {"seq_lens", seq_lens},
                        {"out", out},
                        {"lse", lse}});
-    mlakit::ops::mla_decode(q_view, kv_cache_view, block_table_view, seq_lens_view, out_view,
-                            lse_view, decode_params(kOp, scale, kv_cache_dtype, q_scale, k_scale));
+    mlakit::ops::mla_decode(
+        q_view, kv_cache_view, block_table_view, seq_lens_view, out_view, lse_view,
+        decode_params(kOp, kv_lora_rank, scale, kv_cache_dtype, q_scale, k_scale));
   });
 }
 
@@ -119,9 +125,9 @@ MLAKIT_API mlakit_status_t mlakit_decode_workspace_elems(const mlakit_decode_sch
 
 MLAKIT_API mlakit_status_t mlakit_mla_decode_scheduled(
     const DLTensor* q, const DLTensor* kv_cache, const DLTensor* block_table,
-    const DLTensor* seq_lens, const DLTensor* out, const DLTensor* lse, float scale,
-    int32_t kv_cache_dtype, float q_scale, float k_scale, const mlakit_decode_schedule_t* schedule,
-    const DLTensor* split_workspace, void* stream) {
+    const DLTensor* seq_lens, const DLTensor* out, const DLTensor* lse, int64_t kv_lora_rank,
+    float scale, int32_t kv_cache_dtype, float q_scale, float k_scale,
+    const mlakit_decode_schedule_t* schedule, const DLTensor* split_workspace, void* stream) {
   constexpr const char* kOp = "mla_decode";
   return guarded(kOp, [&] {
     require_pointer(kOp, "schedule", schedule);
@@ -133,9 +139,10 @@ MLAKIT_API mlakit_status_t mlakit_mla_decode_scheduled(
                                                        {"out", out},
                                                        {"lse", lse},
                                                        {"split_workspace", split_workspace}});
-    mlakit::ops::mla_decode(q_view, kv_cache_view, block_table_view, seq_lens_view, out_view,
-                            lse_view, decode_params(kOp, scale, kv_cache_dtype, q_scale, k_scale),
-                            schedule->schedule, split_workspace_view, mlakit::Stream{stream});
+    mlakit::ops::mla_decode(
+        q_view, kv_cache_view, block_table_view, seq_lens_view, out_view, lse_view,
+        decode_params(kOp, kv_lora_rank, scale, kv_cache_dtype, q_scale, k_scale),
+        schedule->schedule, split_workspace_view, mlakit::Stream{stream});
   });
 }
 

@@ -126,8 +126,8 @@ MLAKIT_API mlakit_status_t mlakit_check_device_errors(int32_t device_type, int32
                                                       void* stream) {
   constexpr const char* kOp = "check_device_errors";
   return guarded(kOp, [&] {
-    const DLDevice device{static_cast<DLDeviceType>(device_type), device_id};
-    mlakit::ops::check_device_errors(to_device(kOp, "device", device), Stream{stream});
+    mlakit::ops::check_device_errors(to_device(kOp, "device", device_type, device_id),
+                                     Stream{stream});
   });
 }
 

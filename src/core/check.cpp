@@ -1,6 +1,7 @@
 #include "core/check.hpp"
 
 #include <cmath>
+#include <limits>
 
 namespace mlakit::detail {
 
@@ -10,6 +11,14 @@ std::string shape_string(const TensorView& t) {
   std::ostringstream os;
   os << '[';
   for (int d = 0; d < t.ndim; ++d) os << (d ? ", " : "") << t.shape[d];
+  os << ']';
+  return os.str();
+}
+
+std::string strides_string(const TensorView& t) {
+  std::ostringstream os;
+  os << '[';
+  for (int d = 0; d < t.ndim; ++d) os << (d ? ", " : "") << t.strides[d];
   os << ']';
   return os.str();
 }
@@ -40,6 +49,14 @@ void check_min_size(const char* op, const char* name, const TensorView& t, int d
           "] must be at least ", minimum, ", got ", t.size(dim), " (shape ", shape_string(t), ")");
 }
 
+void check_size_matches(const char* op, const char* name, const TensorView& t, int dim,
+                        const char* ref_name, const TensorView& ref, int ref_dim,
+                        const char* what) {
+  require(t.size(dim) == ref.size(ref_dim), ErrorCode::kInvalidArgument, op, ": ", name, ".shape[",
+          dim, "] must equal ", ref_name, ".shape[", ref_dim, "] (", what,
+          ") = ", ref.size(ref_dim), ", got ", t.size(dim), " (shape ", shape_string(t), ")");
+}
+
 void check_inner_contiguous(const char* op, const char* name, const TensorView& t) {
   require(t.ndim == 0 || t.shape[t.ndim - 1] <= 1 || t.strides[t.ndim - 1] == 1,
           ErrorCode::kInvalidArgument, op, ": ", name,
@@ -61,8 +78,24 @@ void check_storage(const char* op, const char* name, const TensorView& t) {
     require(t.strides[d] >= 0, ErrorCode::kInvalidArgument, op, ": ", name,
             " must have non-negative strides, got stride ", t.strides[d], " in dimension ", d);
   }
-  require(t.numel() == 0 || t.data != nullptr, ErrorCode::kInvalidArgument, op, ": ", name,
-          " has no data pointer but ", t.numel(), " elements");
+  const int64_t count = t.numel();
+  if (count > 0) {
+    // Every element offset (and its byte offset) must be representable: the kernels index with
+    // int64 arithmetic. numel() saturates at INT64_MAX when the element count overflows.
+    bool overflow = count == std::numeric_limits<int64_t>::max();
+    int64_t last = 0, reach = 0, bytes = 0;
+    for (int d = 0; d < t.ndim; ++d) {
+      overflow = overflow || __builtin_mul_overflow(t.shape[d] - 1, t.strides[d], &reach) ||
+                 __builtin_add_overflow(last, reach, &last);
+    }
+    overflow = overflow || __builtin_add_overflow(last, int64_t{1}, &last) ||
+               __builtin_mul_overflow(last, t.element_size(), &bytes);
+    require(!overflow, ErrorCode::kInvalidArgument, op, ": ", name,
+            " spans more than 2^63 bytes (shape ", shape_string(t), ", strides ", strides_string(t),
+            ")");
+  }
+  require(count == 0 || t.data != nullptr, ErrorCode::kInvalidArgument, op, ": ", name,
+          " has no data pointer but ", count, " elements");
 }
 
 void check_device(const char* op, const char* name, const TensorView& t, Device expected) {

@@ -25,7 +25,8 @@ void require(bool condition, ErrorCode code, const Args&... args) {
   if (!condition) fail(code, str_cat(args...));
 }
 
-std::string shape_string(const TensorView& t);  // "[4, 16, 576]"
+std::string shape_string(const TensorView& t);    // "[4, 16, 576]"
+std::string strides_string(const TensorView& t);  // "[9216, 576, 1]"
 
 void check_ndim(const char* op, const char* name, const TensorView& t, int ndim);
 void check_dtype(const char* op, const char* name, const TensorView& t,
@@ -33,10 +34,15 @@ void check_dtype(const char* op, const char* name, const TensorView& t,
 void check_size(const char* op, const char* name, const TensorView& t, int dim, int64_t expected);
 void check_min_size(const char* op, const char* name, const TensorView& t, int dim,
                     int64_t minimum);
+// t.shape[dim] equals ref.shape[ref_dim]; the message names both tensors and `what` the size is
+// ("<op>: out.shape[2] must equal q.shape[2] (num_heads) = 16, got 8").
+void check_size_matches(const char* op, const char* name, const TensorView& t, int dim,
+                        const char* ref_name, const TensorView& ref, int ref_dim, const char* what);
 // The innermost dimension has stride 1 (or size <= 1).
 void check_inner_contiguous(const char* op, const char* name, const TensorView& t);
 void check_contiguous(const char* op, const char* name, const TensorView& t);
-// Non-empty tensors must have a data pointer; non-negative strides only.
+// Non-empty tensors must have a data pointer and an extent whose byte offsets fit in int64;
+// non-negative sizes and strides only.
 void check_storage(const char* op, const char* name, const TensorView& t);
 void check_device(const char* op, const char* name, const TensorView& t, Device expected);
 void check_float_activation(const char* op, const char* name, const TensorView& t);  // f32/f16/bf16

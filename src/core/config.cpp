@@ -1,5 +1,9 @@
 #include "mlakit/config.hpp"
 
+#include <cstdint>
+#include <limits>
+#include <utility>
+
 #include "core/check.hpp"
 
 namespace mlakit {
@@ -7,16 +11,19 @@ namespace mlakit {
 using detail::require;
 
 void MlaDims::validate() const {
-  require(num_heads > 0, ErrorCode::kInvalidArgument, "MlaDims: num_heads must be > 0, got ",
-          num_heads);
-  require(kv_lora_rank > 0, ErrorCode::kInvalidArgument, "MlaDims: kv_lora_rank must be > 0, got ",
-          kv_lora_rank);
-  require(qk_rope_head_dim > 0, ErrorCode::kInvalidArgument,
-          "MlaDims: qk_rope_head_dim must be > 0, got ", qk_rope_head_dim);
-  require(qk_nope_head_dim > 0, ErrorCode::kInvalidArgument,
-          "MlaDims: qk_nope_head_dim must be > 0, got ", qk_nope_head_dim);
-  require(v_head_dim > 0, ErrorCode::kInvalidArgument, "MlaDims: v_head_dim must be > 0, got ",
-          v_head_dim);
+  // At most 2^31 - 1 each: the kernels index heads and widths with int32, and products such as
+  // N * (P + V) then stay inside int64.
+  constexpr int64_t kLargest = std::numeric_limits<int32_t>::max();
+  const std::pair<const char*, int64_t> dims[] = {{"num_heads", num_heads},
+                                                  {"kv_lora_rank", kv_lora_rank},
+                                                  {"qk_rope_head_dim", qk_rope_head_dim},
+                                                  {"qk_nope_head_dim", qk_nope_head_dim},
+                                                  {"v_head_dim", v_head_dim}};
+  for (const auto& [name, value] : dims) {
+    require(value > 0, ErrorCode::kInvalidArgument, "MlaDims: ", name, " must be > 0, got ", value);
+    require(value <= kLargest, ErrorCode::kInvalidArgument, "MlaDims: ", name,
+            " must be at most 2147483647 (2^31 - 1), got ", value);
+  }
 }
 
 const char* kv_cache_dtype_name(KvCacheDType dtype) {

@@ -1,5 +1,9 @@
 #include "mlakit/kv_cache.hpp"
 
+#include <cstdint>
+#include <limits>
+#include <string>
+
 #include "core/check.hpp"
 
 namespace mlakit {
@@ -27,6 +31,9 @@ void KvCacheSpec::validate() const {
           dtype_name(act_dtype));
   require(block_size > 0, ErrorCode::kInvalidArgument, "KvCacheSpec: block_size must be > 0, got ",
           block_size);
+  // The decode schedule and kernels count positions within a block in int32.
+  require(block_size <= std::numeric_limits<int32_t>::max(), ErrorCode::kInvalidArgument,
+          "KvCacheSpec: block_size must be at most 2147483647 (2^31 - 1), got ", block_size);
   require(num_blocks >= 0, ErrorCode::kInvalidArgument,
           "KvCacheSpec: num_blocks must be >= 0, got ", num_blocks);
   if (kv_dtype == KvCacheDType::kFp8DsMla) {
@@ -41,30 +48,36 @@ void KvCacheSpec::validate() const {
 
 void check_kv_cache(const char* op, const TensorView& cache, KvCacheDType kv_dtype,
                     const MlaDims& dims) {
-  detail::check_storage(op, "kv_cache", cache);
-  detail::check_ndim(op, "kv_cache", cache, 3);
+  check_kv_cache(op, "kv_cache", cache, kv_dtype, dims);
+}
+
+void check_kv_cache(const char* op, const char* name, const TensorView& cache,
+                    KvCacheDType kv_dtype, const MlaDims& dims) {
+  detail::check_storage(op, name, cache);
+  detail::check_ndim(op, name, cache, 3);
+  const std::string with_format =
+      detail::str_cat(name, " (kv_cache_dtype ", kv_cache_dtype_name(kv_dtype), ")");
   switch (kv_dtype) {
     case KvCacheDType::kAuto:
-      detail::check_float_activation(op, "kv_cache (kv_cache_dtype auto)", cache);
-      detail::check_size(op, "kv_cache", cache, 2, dims.entry_dim());
+      detail::check_float_activation(op, with_format.c_str(), cache);
+      detail::check_size(op, name, cache, 2, dims.entry_dim());
       break;
     case KvCacheDType::kFp8E4m3:
-      detail::check_dtype(op, "kv_cache (kv_cache_dtype fp8_e4m3)", cache,
-                          {DType::kU8, DType::kFp8E4m3});
-      detail::check_size(op, "kv_cache", cache, 2, dims.entry_dim());
+      detail::check_dtype(op, with_format.c_str(), cache, {DType::kU8, DType::kFp8E4m3});
+      detail::check_size(op, name, cache, 2, dims.entry_dim());
       break;
     case KvCacheDType::kFp8DsMla:
       require(dims.kv_lora_rank == kDsMlaKvLoraRank, ErrorCode::kInvalidArgument, op,
               ": kv_lora_rank must be 512 for fp8_ds_mla, got ", dims.kv_lora_rank);
       require(dims.qk_rope_head_dim == kDsMlaRopeDim, ErrorCode::kInvalidArgument, op,
               ": qk_rope_head_dim must be 64 for fp8_ds_mla, got ", dims.qk_rope_head_dim);
-      detail::check_dtype(op, "kv_cache (kv_cache_dtype fp8_ds_mla)", cache, {DType::kU8});
-      detail::check_size(op, "kv_cache", cache, 2, kDsMlaEntryBytes);
+      detail::check_dtype(op, with_format.c_str(), cache, {DType::kU8});
+      detail::check_size(op, name, cache, 2, kDsMlaEntryBytes);
       break;
   }
-  detail::check_inner_contiguous(op, "kv_cache", cache);
-  require(cache.size(1) > 0, ErrorCode::kInvalidArgument, op,
-          ": kv_cache block_size (shape[1]) must be > 0");
+  detail::check_inner_contiguous(op, name, cache);
+  require(cache.size(1) > 0, ErrorCode::kInvalidArgument, op, ": ", name,
+          " block_size (shape[1]) must be > 0");
 }
 
 }  // namespace mlakit

@@ -2,6 +2,7 @@
 
 #include <cstdlib>
 #include <cstring>
+#include <limits>
 #include <numeric>
 
 #include "core/check.hpp"
@@ -68,8 +69,13 @@ int64_t TensorView::size(int dim) const { return shape[normalize_dim(*this, dim)
 int64_t TensorView::stride(int dim) const { return strides[normalize_dim(*this, dim)]; }
 
 int64_t TensorView::numel() const {
+  for (int d = 0; d < ndim; ++d)
+    if (shape[d] == 0) return 0;
   int64_t n = 1;
-  for (int d = 0; d < ndim; ++d) n *= shape[d];
+  for (int d = 0; d < ndim; ++d) {
+    // No tensor has 2^63 elements: a count that overflows saturates, and check_storage rejects it.
+    if (__builtin_mul_overflow(n, shape[d], &n)) return std::numeric_limits<int64_t>::max();
+  }
   return n;
 }
 
@@ -77,7 +83,7 @@ bool TensorView::is_contiguous() const {
   int64_t expected = 1;
   for (int d = ndim - 1; d >= 0; --d) {
     if (shape[d] != 1 && strides[d] != expected) return false;
-    expected *= shape[d];
+    if (__builtin_mul_overflow(expected, shape[d], &expected)) return false;
   }
   return true;
 }

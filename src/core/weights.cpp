@@ -2,6 +2,8 @@
 // lay out the absorbed per-head matrices W_UK_T [N, P, L] and W_UV [N, L, V].
 #include "mlakit/weights.hpp"
 
+#include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 
@@ -23,27 +25,42 @@ bool is_fp8_dtype(DType dtype) { return dtype == DType::kFp8E4m3 || dtype == DTy
 
 int64_t cdiv(int64_t x, int64_t y) { return (x + y - 1) / y; }
 
-// scale_inv: f32 [ceil(rows / 128), ceil(cols / 128)], any strides, on the host.
+// kv_b_proj_scale_inv: f32 [ceil(rows / 128), ceil(cols / 128)], any strides, on the host; every
+// block scale finite and > 0 (a NaN, infinite, zero or negative scale would spoil every output
+// of the layer).
 void check_scale_inv(const TensorView& scale_inv, int64_t rows, int64_t cols) {
-  detail::check_storage(kOp, "weight_scale_inv", scale_inv);
-  detail::check_device(kOp, "weight_scale_inv", scale_inv, Device::cpu());
-  detail::check_dtype(kOp, "weight_scale_inv", scale_inv, {DType::kF32});
+  detail::check_storage(kOp, "kv_b_proj_scale_inv", scale_inv);
+  detail::check_device(kOp, "kv_b_proj_scale_inv", scale_inv, Device::cpu());
+  detail::check_dtype(kOp, "kv_b_proj_scale_inv", scale_inv, {DType::kF32});
   const int64_t expected_rows = cdiv(rows, kFp8WeightBlock);
   const int64_t expected_cols = cdiv(cols, kFp8WeightBlock);
   require(scale_inv.ndim == 2 && scale_inv.shape[0] == expected_rows &&
               scale_inv.shape[1] == expected_cols,
-          ErrorCode::kInvalidArgument, kOp, ": weight_scale_inv must have shape [", expected_rows,
-          ", ", expected_cols, "] (one scale per ", kFp8WeightBlock, "x", kFp8WeightBlock,
-          " block of a [", rows, ", ", cols, "] weight), got ", shape_string(scale_inv));
+          ErrorCode::kInvalidArgument, kOp, ": kv_b_proj_scale_inv must have shape [",
+          expected_rows, ", ", expected_cols, "] (one scale per ", kFp8WeightBlock, "x",
+          kFp8WeightBlock, " block of a [", rows, ", ", cols, "] kv_b_proj_weight), got ",
+          shape_string(scale_inv));
+  const float* scales = scale_inv.data_as<const float>();
+  for (int64_t i = 0; i < expected_rows; ++i) {
+    for (int64_t j = 0; j < expected_cols; ++j) {
+      const float s = scales[i * scale_inv.strides[0] + j * scale_inv.strides[1]];
+      require(std::isfinite(s) && s > 0.0f, ErrorCode::kInvalidArgument, kOp,
+              ": kv_b_proj_scale_inv[", i, ", ", j,
+              "] must be finite and > 0 (the scale of kv_b_proj_weight rows [", i * kFp8WeightBlock,
+              ", ", std::min(rows, (i + 1) * kFp8WeightBlock), "), columns [", j * kFp8WeightBlock,
+              ", ", std::min(cols, (j + 1) * kFp8WeightBlock), ")), got ", s);
+    }
+  }
 }
 
 void check_arguments(const TensorView& weight, const std::optional<TensorView>& scale_inv,
                      const MlaDims& dims, DType act_dtype) {
   dims.validate();
-  detail::check_storage(kOp, "weight", weight);
+  detail::check_storage(kOp, "kv_b_proj_weight", weight);
   require(weight.device.is_cpu(), ErrorCode::kInvalidArgument, kOp,
-          ": weight must be a host (cpu) tensor, got one on ", device_name(weight.device));
-  detail::check_dtype(kOp, "weight", weight,
+          ": kv_b_proj_weight must be a host (cpu) tensor, got one on ",
+          device_name(weight.device));
+  detail::check_dtype(kOp, "kv_b_proj_weight", weight,
                       {DType::kF32, DType::kF16, DType::kBF16, DType::kFp8E4m3, DType::kU8});
   require(act_dtype == DType::kF32 || act_dtype == DType::kF16 || act_dtype == DType::kBF16,
           ErrorCode::kInvalidArgument, kOp, ": act_dtype must be f32, f16 or bf16, got ",
@@ -51,17 +68,19 @@ void check_arguments(const TensorView& weight, const std::optional<TensorView>& 
   const int64_t rows = dims.num_heads * dims.kv_b_out_dim();
   const int64_t cols = dims.kv_lora_rank;
   require(weight.ndim == 2 && weight.shape[0] == rows && weight.shape[1] == cols,
-          ErrorCode::kInvalidArgument, kOp, ": weight must have shape [N * (P + V), L] = [", rows,
-          ", ", cols, "] (N ", dims.num_heads, ", P ", dims.qk_nope_head_dim, ", V ",
-          dims.v_head_dim, ", L ", dims.kv_lora_rank, "), got ", shape_string(weight));
+          ErrorCode::kInvalidArgument, kOp,
+          ": kv_b_proj_weight must have shape [N * (P + V), L] = [", rows, ", ", cols, "] (N ",
+          dims.num_heads, ", P ", dims.qk_nope_head_dim, ", V ", dims.v_head_dim, ", L ",
+          dims.kv_lora_rank, "), got ", shape_string(weight));
   if (is_fp8_dtype(weight.dtype)) {
-    require(scale_inv.has_value(), ErrorCode::kInvalidArgument, kOp, ": weight_scale_inv (f32 [",
+    require(scale_inv.has_value(), ErrorCode::kInvalidArgument, kOp, ": kv_b_proj_scale_inv (f32 [",
             cdiv(rows, kFp8WeightBlock), ", ", cdiv(cols, kFp8WeightBlock),
-            "]) is required for an fp8 weight");
+            "]) is required for an fp8 kv_b_proj_weight");
     check_scale_inv(*scale_inv, rows, cols);
   } else {
     require(!scale_inv.has_value(), ErrorCode::kInvalidArgument, kOp,
-            ": weight_scale_inv given for a non-fp8 weight (", dtype_name(weight.dtype), ")");
+            ": kv_b_proj_scale_inv given for a non-fp8 kv_b_proj_weight (",
+            dtype_name(weight.dtype), ")");
   }
 }
 

@@ -87,12 +87,15 @@ void merge_attn_states(const TensorView& output,
                                                         t * prefix_lse_heads_tokens.strides[1]],
                                              suffix_lse[h * suffix_lse_heads_tokens.strides[0] +
                                                         t * suffix_lse_heads_tokens.strides[1]]);
-        merge_row(
-            w, prefix_output,
-            prefix_output.element_ptr(t * prefix_output.strides[0] + h * prefix_output.strides[1]),
-            suffix_output,
-            suffix_output.element_ptr(t * suffix_output.strides[0] + h * suffix_output.strides[1]),
-            output, output.element_ptr(t * output.strides[0] + h * output.strides[1]), d);
+        if (d > 0) {  // D = 0: the states are empty and may have no data pointer to offset
+          merge_row(w, prefix_output,
+                    prefix_output.element_ptr(t * prefix_output.strides[0] +
+                                              h * prefix_output.strides[1]),
+                    suffix_output,
+                    suffix_output.element_ptr(t * suffix_output.strides[0] +
+                                              h * suffix_output.strides[1]),
+                    output, output.element_ptr(t * output.strides[0] + h * output.strides[1]), d);
+        }
         if (out_lse) {
           out_lse[h * output_lse_heads_tokens->strides[0] +
                   t * output_lse_heads_tokens->strides[1]] = w.lse;

@@ -233,9 +233,14 @@ void PrefillKernel::load_kv(int64_t key, int64_t head, int64_t count, float* k, 
   for (int64_t j = 0; j < count; ++j) {
     const int64_t s = key + j;
     float* krow = k + j * dqk_;
-    load_row(kn.element_ptr(s * kn.strides[0] + head * kn.strides[1]), dtype_, kn.strides[2], nope_,
-             krow);
-    load_row(kp.element_ptr(s * kp.strides[0]), dtype_, kp.strides[1], rope_, krow + nope_);
+    // P or R may be 0: that tensor is then empty and may have no data pointer to offset.
+    if (nope_ > 0) {
+      load_row(kn.element_ptr(s * kn.strides[0] + head * kn.strides[1]), dtype_, kn.strides[2],
+               nope_, krow);
+    }
+    if (rope_ > 0) {
+      load_row(kp.element_ptr(s * kp.strides[0]), dtype_, kp.strides[1], rope_, krow + nope_);
+    }
     load_row(vv.element_ptr(s * vv.strides[0] + head * vv.strides[1]), dtype_, vv.strides[2], dv_,
              v + j * dv_);
   }

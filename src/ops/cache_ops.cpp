@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <string>
 #include <utility>
 
 #include "core/check.hpp"
@@ -38,7 +39,7 @@ void check_index_tensor(const char* op, const char* name, const TensorView& t, i
 // parallel). With the entry contiguous, this holds when, ordering the block and offset dimensions
 // by stride, the smaller stride steps over a whole entry and the larger one over all entries of
 // the smaller dimension. Dimensions of size 1 never step.
-void check_cache_entries_disjoint(const char* op, const TensorView& cache) {
+void check_cache_entries_disjoint(const char* op, const char* name, const TensorView& cache) {
   std::pair<int64_t, int64_t> dims[2] = {{cache.strides[0], cache.shape[0]},
                                          {cache.strides[1], cache.shape[1]}};
   if (dims[0].first > dims[1].first) std::swap(dims[0], dims[1]);
@@ -46,9 +47,9 @@ void check_cache_entries_disjoint(const char* op, const TensorView& cache) {
   const bool inner_ok = dims[0].second <= 1 || dims[0].first >= width;
   const bool outer_ok =
       dims[1].second <= 1 || dims[1].first >= dims[0].first * std::max<int64_t>(dims[0].second, 1);
-  require(inner_ok && outer_ok, ErrorCode::kInvalidArgument, op,
-          ": kv_cache entries must not overlap, got strides [", cache.strides[0], ", ",
-          cache.strides[1], ", ", cache.strides[2], "] for shape ", detail::shape_string(cache));
+  require(inner_ok && outer_ok, ErrorCode::kInvalidArgument, op, ": ", name,
+          " entries must not overlap, got strides [", cache.strides[0], ", ", cache.strides[1],
+          ", ", cache.strides[2], "] for shape ", detail::shape_string(cache));
 }
 
 // Rows of a [rows, width] output written in parallel must not overlap.
@@ -77,9 +78,33 @@ void check_gather_indices(const char* op, const TensorView& block_table,
   }
 }
 
+// kv_c and k_pe widths make up the cache entry: L + R for auto and fp8_e4m3, 512 + 64 for
+// fp8_ds_mla. The message names the widths and the cache, not only the cache.
+void check_entry_widths(const TensorView& kv_c, const TensorView& k_pe, const TensorView& kv_cache,
+                        KvCacheDType kv_dtype) {
+  const char* op = kConcatOp;
+  const int64_t rank = kv_c.size(1), rope = k_pe.size(1);
+  if (kv_dtype == KvCacheDType::kFp8DsMla) {
+    require(rank == kDsMlaKvLoraRank && rope == kDsMlaRopeDim, ErrorCode::kInvalidArgument, op,
+            ": kv_c.shape[1] and k_pe.shape[1] must be 512 and 64 for kv_cache_dtype fp8_ds_mla "
+            "(the only dims its 656-byte entry holds), got ",
+            rank, " and ", rope);
+    return;
+  }
+  detail::check_storage(op, "kv_cache", kv_cache);
+  detail::check_ndim(op, "kv_cache", kv_cache, 3);
+  int64_t sum = 0;  // an empty kv_c may claim any width: the sum may overflow
+  const bool overflow = __builtin_add_overflow(rank, rope, &sum);
+  require(!overflow && sum == kv_cache.size(2), ErrorCode::kInvalidArgument, op,
+          ": kv_c.shape[1] + k_pe.shape[1] (L + R) must add up to the cache entry width "
+          "kv_cache.shape[2] = ",
+          kv_cache.size(2), ", got ", rank, " + ", rope,
+          overflow ? std::string(" (overflows int64)") : detail::str_cat(" = ", sum));
+}
+
 void validate_concat_and_cache_mla(const TensorView& kv_c, const TensorView& k_pe,
                                    const TensorView& kv_cache, const TensorView& slot_mapping,
-                                   KvCacheDType kv_dtype, float k_scale) {
+                                   KvCacheDType kv_dtype, float scale) {
   const char* op = kConcatOp;
   detail::check_storage(op, "kv_c", kv_c);
   detail::check_storage(op, "k_pe", k_pe);
@@ -102,6 +127,7 @@ void validate_concat_and_cache_mla(const TensorView& kv_c, const TensorView& k_p
             "16-bit input dtype), got ",
             dtype_name(kv_c.dtype));
   }
+  check_entry_widths(kv_c, k_pe, kv_cache, kv_dtype);
   const MlaDims dims{.kv_lora_rank = kv_c.size(1), .qk_rope_head_dim = k_pe.size(1)};
   check_kv_cache(op, kv_cache, kv_dtype, dims);
   if (kv_dtype == KvCacheDType::kAuto) {
@@ -109,8 +135,8 @@ void validate_concat_and_cache_mla(const TensorView& kv_c, const TensorView& k_p
             ": kv_cache must have the dtype of kv_c (", dtype_name(kv_c.dtype),
             ") for kv_cache_dtype auto, got ", dtype_name(kv_cache.dtype));
   }
-  if (kv_dtype == KvCacheDType::kFp8E4m3) check_fp8_scale(op, "k_scale", k_scale);
-  check_cache_entries_disjoint(op, kv_cache);
+  if (kv_dtype == KvCacheDType::kFp8E4m3) check_fp8_scale(op, "scale", scale);
+  check_cache_entries_disjoint(op, "kv_cache", kv_cache);
 }
 
 void validate_gather_and_maybe_dequant_cache(const TensorView& src_cache, const TensorView& dst,
@@ -133,8 +159,13 @@ void validate_gather_and_maybe_dequant_cache(const TensorView& src_cache, const 
             "16-bit activation dtype and copied bit for bit), got ",
             dtype_name(dst.dtype));
     dims = MlaDims{.kv_lora_rank = kDsMlaKvLoraRank, .qk_rope_head_dim = kDsMlaRopeDim};
+  } else {
+    detail::check_storage(op, "src_cache", src_cache);
+    detail::check_ndim(op, "src_cache", src_cache, 3);
+    detail::check_size_matches(op, "src_cache", src_cache, 2, "dst", dst, 1,
+                               "the entry width L + R");
   }
-  check_kv_cache(op, src_cache, kv_dtype, dims);
+  check_kv_cache(op, "src_cache", src_cache, kv_dtype, dims);
   if (kv_dtype == KvCacheDType::kFp8E4m3) check_fp8_scale(op, "scale", scale);
   check_rows_disjoint(op, "dst", dst);
 
@@ -143,10 +174,10 @@ void validate_gather_and_maybe_dequant_cache(const TensorView& src_cache, const 
           ": cu_seq_lens must have batch_size + 1 >= 1 elements, got 0");
   check_gather_indices(op, block_table, cu_seq_lens, seq_starts, cu_seq_lens.size(0) - 1);
   check_index_tensor(op, "token_to_seq", token_to_seq, 1, DType::kI32);
-  require(num_tokens >= 0, ErrorCode::kInvalidArgument, op, ": num_tokens must be >= 0, got ",
-          num_tokens);
-  detail::check_min_size(op, "dst", dst, 0, num_tokens);
-  detail::check_min_size(op, "token_to_seq", token_to_seq, 0, num_tokens);
+  require(num_tokens >= 0 && num_tokens <= dst.size(0) && num_tokens <= token_to_seq.size(0),
+          ErrorCode::kInvalidArgument, op,
+          ": num_tokens must be in [0, min(dst.shape[0] = ", dst.size(0),
+          ", token_to_seq.shape[0] = ", token_to_seq.size(0), ")], got ", num_tokens);
 }
 
 void validate_cp_gather_cache(const TensorView& src_cache, const TensorView& dst,
@@ -168,8 +199,10 @@ void validate_cp_gather_cache(const TensorView& src_cache, const TensorView& dst
   detail::check_size(op, "dst", dst, 1, src_cache.size(2));
   detail::check_inner_contiguous(op, "dst", dst);
   check_rows_disjoint(op, "dst", dst);
-  require(batch_size >= 0, ErrorCode::kInvalidArgument, op, ": batch_size must be >= 0, got ",
-          batch_size);
+  check_index_tensor(op, "cu_seq_lens", cu_seq_lens, 1, DType::kI32);
+  require(batch_size >= 0 && batch_size < cu_seq_lens.size(0), ErrorCode::kInvalidArgument, op,
+          ": batch_size must be in [0, cu_seq_lens.shape[0] - 1 = ", cu_seq_lens.size(0) - 1,
+          "], got ", batch_size);
   check_gather_indices(op, block_table, cu_seq_lens, seq_starts, batch_size);
 }
 
@@ -212,20 +245,21 @@ void validate_gather_rows_and_maybe_dequant(const TensorView& src, const TensorV
 
 void concat_and_cache_mla(const TensorView& kv_c, const TensorView& k_pe,
                           const TensorView& kv_cache, const TensorView& slot_mapping,
-                          KvCacheDType kv_dtype, float k_scale, [[maybe_unused]] Stream stream) {
+                          KvCacheDType kv_cache_dtype, float scale,
+                          [[maybe_unused]] Stream stream) {
   const Device device = detail::common_device(
       kConcatOp,
       {{"kv_c", &kv_c}, {"k_pe", &k_pe}, {"kv_cache", &kv_cache}, {"slot_mapping", &slot_mapping}});
-  validate_concat_and_cache_mla(kv_c, k_pe, kv_cache, slot_mapping, kv_dtype, k_scale);
+  validate_concat_and_cache_mla(kv_c, k_pe, kv_cache, slot_mapping, kv_cache_dtype, scale);
   if (device.is_cuda()) {
 #ifdef MLAKIT_WITH_CUDA
-    return cuda::concat_and_cache_mla(kv_c, k_pe, kv_cache, slot_mapping, kv_dtype, k_scale,
+    return cuda::concat_and_cache_mla(kv_c, k_pe, kv_cache, slot_mapping, kv_cache_dtype, scale,
                                       stream);
 #else
     detail::unsupported_device(kConcatOp, device);
 #endif
   }
-  cpu::concat_and_cache_mla(kv_c, k_pe, kv_cache, slot_mapping, kv_dtype, k_scale);
+  cpu::concat_and_cache_mla(kv_c, k_pe, kv_cache, slot_mapping, kv_cache_dtype, scale);
 }
 
 void gather_and_maybe_dequant_cache(const TensorView& src_cache, const TensorView& dst,

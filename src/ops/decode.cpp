@@ -4,6 +4,8 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <limits>
+#include <optional>
 #include <vector>
 
 #include "core/check.hpp"
@@ -45,19 +47,22 @@ int64_t read_i32(const TensorView& t, int64_t offset) {
   return static_cast<const int32_t*>(t.data)[offset];
 }
 
-// Entry width in elements the cache format implies for q (K = entry[0:D]).
-int64_t entry_dim_of(const TensorView& kv_cache, KvCacheDType kv_dtype) {
-  return kv_dtype == KvCacheDType::kFp8DsMla ? kDsMlaKvLoraRank + kDsMlaRopeDim : kv_cache.size(2);
-}
-
-// seq_lens: i32 [B] on the host; every value in [0, max_blocks * block_size].
-void check_seq_lens_host(const TensorView& seq_lens, int64_t max_blocks, int64_t block_size) {
-  const int64_t limit = max_blocks * block_size;
+// seq_lens: i32 [B] on the host; every value in [0, max_blocks * block_size], and 0 or >= s_q
+// (a request's keys include its s_q new tokens).
+void check_seq_lens_host(const TensorView& seq_lens, int64_t s_q, int64_t max_blocks,
+                         int64_t block_size) {
+  int64_t limit = 0;  // an empty block table or cache may claim any sizes: saturate
+  if (__builtin_mul_overflow(max_blocks, block_size, &limit)) {
+    limit = std::numeric_limits<int64_t>::max();
+  }
   for (int64_t b = 0; b < seq_lens.size(0); ++b) {
     const int64_t len = read_i32(seq_lens, b * seq_lens.strides[0]);
     require(len >= 0 && len <= limit, ErrorCode::kInvalidArgument, kOp, ": seq_lens[", b,
             "] must be in [0, ", limit, "] (block_table width ", max_blocks, " x block_size ",
             block_size, "), got ", len);
+    require(len == 0 || len >= s_q, ErrorCode::kInvalidArgument, kOp, ": seq_lens[", b,
+            "] must be 0 or at least s_q = q.shape[1] = ", s_q,
+            " (seq_lens count the new tokens too), got ", len);
   }
 }
 
@@ -85,12 +90,33 @@ void check_device_schedule_shape(const DecodeSchedule& s, int64_t batch, int64_t
           " (plan with plan_mla_decode for this shape)");
 }
 
-// f32 elements of split workspace `schedule` needs; `op` names the caller in messages.
+// Elements of a host-split workspace: one partial output row plus its LSE per (split, query,
+// head), indexed by the global split; nullopt when the product overflows int64 (sizes >= 0).
+std::optional<int64_t> workspace_elems_if_representable(int64_t splits, int64_t s_q, int64_t heads,
+                                                        int64_t rank) {
+  int64_t elems = 0;
+  if (__builtin_mul_overflow(splits, s_q, &elems) || __builtin_mul_overflow(elems, heads, &elems) ||
+      __builtin_add_overflow(rank, int64_t{1}, &rank) ||
+      __builtin_mul_overflow(elems, rank, &elems)) {
+    return std::nullopt;
+  }
+  return elems;
+}
+
+// f32 elements of split workspace `schedule` needs; `op` names the caller in messages. Throws
+// instead of returning a wrapped size.
 int64_t workspace_elems(const DecodeSchedule& schedule, int64_t s_q, int64_t num_heads,
                         int64_t kv_lora_rank, const char* op) {
+  require(s_q >= 0 && num_heads >= 0 && kv_lora_rank >= 0 && schedule.total_splits >= 0,
+          ErrorCode::kInvalidArgument, op, ": sizes must be >= 0, got total_splits ",
+          schedule.total_splits, ", s_q ", s_q, ", num_heads ", num_heads, ", kv_lora_rank ",
+          kv_lora_rank);
   if (schedule.kind == DecodeScheduleKind::kDevicePlanned) {
 #ifdef MLAKIT_WITH_CUDA
-    return cuda::device_plan_sizes(schedule, s_q * num_heads, kv_lora_rank, op).layout.total;
+    int64_t rows = 0;  // s_q x num_heads query rows per request
+    require(!__builtin_mul_overflow(s_q, num_heads, &rows), ErrorCode::kInvalidArgument, op,
+            ": s_q x num_heads = ", s_q, " x ", num_heads, " overflows int64");
+    return cuda::device_plan_sizes(schedule, rows, kv_lora_rank, op).layout.total;
 #else
     detail::fail(ErrorCode::kUnsupported,
                  detail::str_cat(op,
@@ -98,12 +124,46 @@ int64_t workspace_elems(const DecodeSchedule& schedule, int64_t s_q, int64_t num
                                  "this build lacks"));
 #endif
   }
-  require(s_q >= 0 && num_heads >= 0 && kv_lora_rank >= 0 && schedule.total_splits >= 0,
-          ErrorCode::kInvalidArgument, op, ": sizes must be >= 0, got total_splits ",
-          schedule.total_splits, ", s_q ", s_q, ", num_heads ", num_heads, ", kv_lora_rank ",
-          kv_lora_rank);
-  // One partial output row plus its LSE per (split, query, head); indexed by the global split.
-  return schedule.total_splits * s_q * num_heads * (kv_lora_rank + 1);
+  const std::optional<int64_t> elems =
+      workspace_elems_if_representable(schedule.total_splits, s_q, num_heads, kv_lora_rank);
+  require(elems.has_value(), ErrorCode::kInvalidArgument, op,
+          ": total_splits x s_q x num_heads x (kv_lora_rank + 1) = ", schedule.total_splits, " x ",
+          s_q, " x ", num_heads, " x (", kv_lora_rank, " + 1) overflows int64");
+  return *elems;
+}
+
+// The entry width q must have and the latent width L, from q, out, the cache format and
+// params.kv_lora_rank; messages name the argument that disagrees.
+struct DecodeWidths {
+  int64_t entry_dim;     // L + R: q.shape[3], K = entry[0:L+R]
+  int64_t kv_lora_rank;  // L: out.shape[3], V = entry[0:L]
+};
+DecodeWidths decode_widths(const TensorView& q, const TensorView& kv_cache, const TensorView& out,
+                           const DecodeParams& params) {
+  const int64_t dim = q.size(3);
+  if (params.kv_dtype == KvCacheDType::kFp8DsMla) {
+    require(dim == kDsMlaKvLoraRank + kDsMlaRopeDim, ErrorCode::kInvalidArgument, kOp,
+            ": q.shape[3] must equal ", kDsMlaKvLoraRank + kDsMlaRopeDim,
+            " (kv_lora_rank 512 + rope 64, the only dims of kv_cache_dtype fp8_ds_mla), got ", dim);
+  } else {
+    require(kv_cache.size(2) == dim, ErrorCode::kInvalidArgument, kOp,
+            ": kv_cache.shape[2] (the cache entry width) must equal q.shape[3] (L + R) = ", dim,
+            ", got ", kv_cache.size(2), " (kv_cache shape ", detail::shape_string(kv_cache), ")");
+  }
+  const int64_t rank = params.kv_lora_rank > 0 ? params.kv_lora_rank : out.size(3);
+  require(params.kv_lora_rank >= 0, ErrorCode::kInvalidArgument, kOp,
+          ": kv_lora_rank must be > 0, got ", params.kv_lora_rank);
+  require(rank > 0 && rank < dim, ErrorCode::kInvalidArgument, kOp,
+          ": kv_lora_rank must be in [1, q.shape[3] - 1 = ", dim - 1, "] (L of L + R = ", dim,
+          "), got ", rank);
+  if (params.kv_dtype == KvCacheDType::kFp8DsMla) {
+    require(rank == kDsMlaKvLoraRank, ErrorCode::kInvalidArgument, kOp,
+            ": kv_lora_rank must be 512 for kv_cache_dtype fp8_ds_mla, got ", rank);
+  }
+  require(out.size(3) == rank, ErrorCode::kInvalidArgument, kOp,
+          ": out.shape[3] must equal kv_lora_rank (the latent width L) = ", rank, ", got ",
+          out.size(3), " (out shape ", detail::shape_string(out), ")");
+  return {dim, rank};
 }
 
 // The structure of a host-split schedule (sizes, monotone offsets), independent of seq_lens'
@@ -171,24 +231,24 @@ DType ds_mla_rope_dtype(const TensorView& q, const TensorView& out) {
   return out.dtype;
 }
 
-// Everything that does not need the contents of device tensors; returns the kernel's arguments.
-DecodeProblem validate(Device device, const TensorView& q, const TensorView& kv_cache,
-                       const TensorView& block_table, const TensorView& seq_lens,
-                       const TensorView& out, const TensorView& lse, const DecodeParams& params,
-                       const DecodeSchedule& schedule, const TensorView& workspace) {
+// The tensors and scalars, without reading device tensors' contents; returns the kernel's
+// arguments but the workspace.
+DecodeProblem validate_tensors(const TensorView& q, const TensorView& kv_cache,
+                               const TensorView& block_table, const TensorView& seq_lens,
+                               const TensorView& out, const TensorView& lse,
+                               const DecodeParams& params) {
   for (const auto& [name, t] : {std::pair<const char*, const TensorView*>{"q", &q},
                                 {"kv_cache", &kv_cache},
                                 {"block_table", &block_table},
                                 {"seq_lens", &seq_lens},
                                 {"out", &out},
-                                {"lse_tokens_heads", &lse},
-                                {"split_workspace", &workspace}}) {
+                                {"lse", &lse}}) {
     check_storage(kOp, name, *t);
   }
   check_ndim(kOp, "q", q, 4);
   check_ndim(kOp, "kv_cache", kv_cache, 3);
   check_ndim(kOp, "out", out, 4);
-  check_ndim(kOp, "lse_tokens_heads", lse, 3);
+  check_ndim(kOp, "lse", lse, 3);
   check_ndim(kOp, "block_table", block_table, 2);
   check_ndim(kOp, "seq_lens", seq_lens, 1);
 
@@ -199,44 +259,29 @@ DecodeProblem validate(Device device, const TensorView& q, const TensorView& kv_
                 {DType::kF32, DType::kF16, DType::kBF16});
   }
   check_inner_contiguous(kOp, "q", q);
-  const int64_t batch = q.size(0), s_q = q.size(1), heads = q.size(2);
-  const int64_t dim = entry_dim_of(kv_cache, params.kv_dtype);
-  check_size(kOp, "q", q, 3, dim);
+  const int64_t heads = q.size(2);
 
   detail::check_float_activation(kOp, "out", out);
   check_inner_contiguous(kOp, "out", out);
-  for (int d = 0; d < 3; ++d) check_size(kOp, "out", out, d, q.size(d));
-  const int64_t rank = out.size(3);
-  require(rank > 0 && rank < dim, ErrorCode::kInvalidArgument, kOp,
-          ": out.shape[3] (kv_lora_rank) must be in [1, ", dim - 1, "] for ", dim,
-          "-wide entries, got ", rank);
+  constexpr const char* kQueryDims[3] = {"batch B", "s_q", "num_heads"};
+  for (int d = 0; d < 3; ++d)
+    detail::check_size_matches(kOp, "out", out, d, "q", q, d, kQueryDims[d]);
+  const auto [dim, rank] = decode_widths(q, kv_cache, out, params);
   check_kv_cache(kOp, kv_cache, params.kv_dtype,
                  MlaDims{.num_heads = heads, .kv_lora_rank = rank, .qk_rope_head_dim = dim - rank});
 
-  check_dtype(kOp, "lse_tokens_heads", lse, {DType::kF32});
-  for (int d = 0; d < 3; ++d) check_size(kOp, "lse_tokens_heads", lse, d, q.size(d));
+  check_dtype(kOp, "lse", lse, {DType::kF32});
+  for (int d = 0; d < 3; ++d)
+    detail::check_size_matches(kOp, "lse", lse, d, "q", q, d, kQueryDims[d]);
 
   check_dtype(kOp, "block_table", block_table, {DType::kI32});
-  check_size(kOp, "block_table", block_table, 0, batch);
+  detail::check_size_matches(kOp, "block_table", block_table, 0, "q", q, 0, kQueryDims[0]);
   check_dtype(kOp, "seq_lens", seq_lens, {DType::kI32});
-  check_size(kOp, "seq_lens", seq_lens, 0, batch);
+  detail::check_size_matches(kOp, "seq_lens", seq_lens, 0, "q", q, 0, kQueryDims[0]);
 
   detail::check_positive_finite(kOp, "scale", params.scale);
   detail::check_positive_finite(kOp, "q_scale", params.q_scale);
   detail::check_positive_finite(kOp, "k_scale", params.k_scale);
-
-  check_schedule_kind(schedule, device);
-  if (schedule.kind == DecodeScheduleKind::kHostSplits) {
-    check_schedule_shape(schedule, batch);
-  } else {
-    check_device_schedule_shape(schedule, batch, s_q, heads);
-  }
-  check_dtype(kOp, "split_workspace", workspace, {DType::kF32});
-  detail::check_contiguous(kOp, "split_workspace", workspace);
-  const int64_t needed = workspace_elems(schedule, s_q, heads, rank, kOp);
-  require(workspace.numel() >= needed, ErrorCode::kInvalidArgument, kOp,
-          ": split_workspace must hold at least ", needed,
-          " f32 elements (mla_decode_workspace_elems of the schedule), got ", workspace.numel());
 
   DecodeProblem p;
   p.q = q;
@@ -245,7 +290,6 @@ DecodeProblem validate(Device device, const TensorView& q, const TensorView& kv_
   p.seq_lens = seq_lens;
   p.out = out;
   p.lse = lse;
-  p.workspace = workspace.data_as<float>();
   p.kv_dtype = params.kv_dtype;
   p.kv_lora_rank = rank;
   p.entry_dim = dim;
@@ -258,10 +302,31 @@ DecodeProblem validate(Device device, const TensorView& q, const TensorView& kv_
   return p;
 }
 
+// The schedule (its kind for `device`, its structure or planned shape) and the workspace it
+// needs; sets p.workspace.
+void validate_schedule(DecodeProblem& p, Device device, const DecodeSchedule& schedule,
+                       const TensorView& workspace) {
+  const int64_t batch = p.q.size(0), s_q = p.q.size(1), heads = p.q.size(2);
+  check_schedule_kind(schedule, device);
+  if (schedule.kind == DecodeScheduleKind::kHostSplits) {
+    check_schedule_shape(schedule, batch);
+  } else {
+    check_device_schedule_shape(schedule, batch, s_q, heads);
+  }
+  check_storage(kOp, "split_workspace", workspace);
+  check_dtype(kOp, "split_workspace", workspace, {DType::kF32});
+  detail::check_contiguous(kOp, "split_workspace", workspace);
+  const int64_t needed = workspace_elems(schedule, s_q, heads, p.kv_lora_rank, kOp);
+  require(workspace.numel() >= needed, ErrorCode::kInvalidArgument, kOp,
+          ": split_workspace must hold at least ", needed,
+          " f32 elements (mla_decode_workspace_elems of the schedule), got ", workspace.numel());
+  p.workspace = workspace.data_as<float>();
+}
+
 // Contents of the index tensors, for backends whose index tensors the host can read.
 void validate_indices_host(const DecodeProblem& p, const DecodeSchedule& schedule) {
   const int64_t block_size = p.kv_cache.size(1);
-  check_seq_lens_host(p.seq_lens, p.block_table.size(1), block_size);
+  check_seq_lens_host(p.seq_lens, p.q.size(1), p.block_table.size(1), block_size);
   check_schedule_host(schedule, p.seq_lens, block_size);
   check_block_ids_host(p.block_table, p.seq_lens, block_size, p.kv_cache.size(0));
 }
@@ -274,19 +339,19 @@ int64_t mla_decode_workspace_elems(const DecodeSchedule& schedule, int64_t s_q, 
 }
 
 void mla_decode(const TensorView& q, const TensorView& kv_cache, const TensorView& block_table,
-                const TensorView& seq_lens, const TensorView& out,
-                const TensorView& lse_tokens_heads, const DecodeParams& params,
-                const DecodeSchedule& schedule, const TensorView& split_workspace, Stream stream) {
+                const TensorView& seq_lens, const TensorView& out, const TensorView& lse,
+                const DecodeParams& params, const DecodeSchedule& schedule,
+                const TensorView& split_workspace, Stream stream) {
   const Device device = detail::common_device(kOp, {{"q", &q},
                                                     {"kv_cache", &kv_cache},
                                                     {"block_table", &block_table},
                                                     {"seq_lens", &seq_lens},
                                                     {"out", &out},
-                                                    {"lse_tokens_heads", &lse_tokens_heads},
+                                                    {"lse", &lse},
                                                     {"split_workspace", &split_workspace}});
   if (!has_backend(device)) detail::unsupported_device(kOp, device);
-  const DecodeProblem problem = validate(device, q, kv_cache, block_table, seq_lens, out,
-                                         lse_tokens_heads, params, schedule, split_workspace);
+  DecodeProblem problem = validate_tensors(q, kv_cache, block_table, seq_lens, out, lse, params);
+  validate_schedule(problem, device, schedule, split_workspace);
 #ifdef MLAKIT_WITH_CUDA
   // Index contents stay on the device (no host sync): the kernel guards them itself.
   if (device.is_cuda()) {
@@ -301,47 +366,49 @@ void mla_decode(const TensorView& q, const TensorView& kv_cache, const TensorVie
 }
 
 void mla_decode(const TensorView& q, const TensorView& kv_cache, const TensorView& block_table,
-                const TensorView& seq_lens, const TensorView& out,
-                const TensorView& lse_tokens_heads, const DecodeParams& params) {
+                const TensorView& seq_lens, const TensorView& out, const TensorView& lse,
+                const DecodeParams& params) {
   const Device device = detail::common_device(kOp, {{"q", &q},
                                                     {"kv_cache", &kv_cache},
                                                     {"block_table", &block_table},
                                                     {"seq_lens", &seq_lens},
                                                     {"out", &out},
-                                                    {"lse_tokens_heads", &lse_tokens_heads}});
+                                                    {"lse", &lse}});
   if (!has_backend(device)) detail::unsupported_device(kOp, device);
-  check_storage(kOp, "seq_lens", seq_lens);
-  check_ndim(kOp, "seq_lens", seq_lens, 1);
-  check_dtype(kOp, "seq_lens", seq_lens, {DType::kI32});
-  check_ndim(kOp, "q", q, 4);
-  check_ndim(kOp, "out", out, 4);
-  check_ndim(kOp, "kv_cache", kv_cache, 3);
-  check_ndim(kOp, "block_table", block_table, 2);
+  // Everything but the schedule is checked before planning and allocating.
+  const DecodeProblem problem =
+      validate_tensors(q, kv_cache, block_table, seq_lens, out, lse, params);
   const int64_t block_size = kv_cache.size(1);
-  require(block_size > 0, ErrorCode::kInvalidArgument, kOp,
-          ": kv_cache block_size (shape[1]) must be > 0");
+  require(block_size <= std::numeric_limits<int32_t>::max(), ErrorCode::kInvalidArgument, kOp,
+          ": kv_cache.shape[1] (block_size) must be at most 2^31 - 1, got ", block_size);
   DecodeSchedule schedule;
   if (device.is_cpu()) {  // the CPU plans from the lengths
-    check_seq_lens_host(seq_lens, block_table.size(1), block_size);
+    check_seq_lens_host(seq_lens, q.size(1), block_table.size(1), block_size);
     std::vector<int32_t> lens(seq_lens.size(0));
     for (int64_t b = 0; b < seq_lens.size(0); ++b) {
       lens[b] = static_cast<int32_t>(read_i32(seq_lens, b * seq_lens.strides[0]));
     }
     schedule = plan_decode_splits(lens, block_size, cpu::num_threads());
   } else {  // the GPU from the shape only (the lengths stay on the device)
+    // seq_lens are i32: no length exceeds 2^31 - 1, however wide the block table.
+    int64_t max_seq_len = 0;
+    if (__builtin_mul_overflow(block_table.size(1), block_size, &max_seq_len) ||
+        max_seq_len > std::numeric_limits<int32_t>::max()) {
+      max_seq_len = std::numeric_limits<int32_t>::max();
+    }
     const DecodePlanShape shape{device,
                                 q.size(0),
                                 q.size(1),
                                 q.size(2),
                                 block_size,
-                                block_table.size(1) * block_size,
+                                max_seq_len,
                                 /*batch_invariant=*/false};
     schedule = plan_mla_decode(shape, {});
   }
-  const int64_t elems = mla_decode_workspace_elems(schedule, q.size(1), q.size(2), out.size(3));
+  const int64_t elems =
+      mla_decode_workspace_elems(schedule, q.size(1), q.size(2), problem.kv_lora_rank);
   const Tensor workspace = Tensor::empty({std::max<int64_t>(1, elems)}, DType::kF32, device);
-  mla_decode(q, kv_cache, block_table, seq_lens, out, lse_tokens_heads, params, schedule,
-             workspace);
+  mla_decode(q, kv_cache, block_table, seq_lens, out, lse, params, schedule, workspace);
 #ifdef MLAKIT_WITH_CUDA
   if (device.is_cuda()) {  // the workspace is freed on return: wait for the kernels that use it
     const cuda::DeviceGuard guard(device, kOp);

@@ -19,12 +19,6 @@ namespace {
 
 constexpr const char* kOp = "batched_matmul";
 
-std::string strides_string(const TensorView& t) {
-  std::string s = "(";
-  for (int d = 0; d < t.ndim; ++d) s += str_cat(d ? ", " : "", t.strides[d]);
-  return s + ")";
-}
-
 // One [batch, rows, cols] operand as a BLAS matrix per batch index, if it is one: stride 1 along
 // the columns (row-major) or along the rows (column-major), and a leading stride that keeps rows
 // (columns) apart. A dimension of size 1 has no meaningful stride and fits either layout.

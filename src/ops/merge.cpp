@@ -48,65 +48,88 @@ void check_alias(const char* out_name, const TensorView& out, const char* in_nam
                   "identical data pointer, shape and strides)");
 }
 
-// prefix_output / suffix_output: [T, H, D] like `output` (each f32, f16 or bf16), D contiguous.
-void check_states(const char* name, const TensorView& t, const TensorView& output) {
+// A [T, H, D] state (f32, f16 or bf16), D contiguous.
+void check_state(const char* name, const TensorView& t) {
   detail::check_storage(kOp, name, t);
   detail::check_ndim(kOp, name, t, 3);
   detail::check_float_activation(kOp, name, t);
-  for (int d = 0; d < 3; ++d) detail::check_size(kOp, name, t, d, output.shape[d]);
   detail::check_inner_contiguous(kOp, name, t);
 }
 
-// LSE of the merge: f32 [H, T], any strides.
-void check_lse(const char* name, const TensorView& t, int64_t heads, int64_t tokens) {
+bool same_shape(const TensorView& a, const TensorView& b) {
+  for (int d = 0; d < 3; ++d)
+    if (a.shape[d] != b.shape[d]) return false;
+  return true;
+}
+
+// output, prefix_output and suffix_output share one [T, H, D] shape. The message blames the one
+// whose shape differs from the other two (output when all three differ).
+void check_state_shapes(const TensorView& output, const TensorView& prefix,
+                        const TensorView& suffix) {
+  if (same_shape(output, prefix) && same_shape(output, suffix)) return;
+  struct Named {
+    const char* name;
+    const TensorView* t;
+  };
+  Named odd{"output", &output}, a{"prefix_output", &prefix}, b{"suffix_output", &suffix};
+  if (same_shape(output, prefix)) {
+    odd = {"suffix_output", &suffix};
+    b = {"output", &output};
+  } else if (same_shape(output, suffix)) {
+    odd = {"prefix_output", &prefix};
+    a = {"output", &output};
+  }
+  detail::fail(ErrorCode::kInvalidArgument,
+               detail::str_cat(kOp, ": ", odd.name, " must have the [T, H, D] shape of ", a.name,
+                               " and ", b.name, " ", detail::shape_string(*a.t), ", got ",
+                               detail::shape_string(*odd.t)));
+}
+
+// LSE of the merge: f32 [H, T] for an [T, H, D] output, any strides.
+void check_lse(const char* name, const TensorView& t, const TensorView& output) {
   detail::check_storage(kOp, name, t);
   detail::check_ndim(kOp, name, t, 2);
   detail::check_dtype(kOp, name, t, {DType::kF32});
-  detail::check_size(kOp, name, t, 0, heads);
-  detail::check_size(kOp, name, t, 1, tokens);
+  detail::check_size_matches(kOp, name, t, 0, "output", output, 1, "heads H");
+  detail::check_size_matches(kOp, name, t, 1, "output", output, 0, "tokens T");
 }
 
 }  // namespace
 
-void merge_attn_states(const TensorView& output,
-                       const std::optional<TensorView>& output_lse_heads_tokens,
-                       const TensorView& prefix_output, const TensorView& prefix_lse_heads_tokens,
-                       const TensorView& suffix_output, const TensorView& suffix_lse_heads_tokens,
+void merge_attn_states(const TensorView& output, const std::optional<TensorView>& output_lse,
+                       const TensorView& prefix_output, const TensorView& prefix_lse,
+                       const TensorView& suffix_output, const TensorView& suffix_lse,
                        Stream stream) {
-  detail::check_storage(kOp, "output", output);
-  detail::check_ndim(kOp, "output", output, 3);
-  detail::check_float_activation(kOp, "output", output);
-  detail::check_inner_contiguous(kOp, "output", output);
-  check_states("prefix_output", prefix_output, output);
-  check_states("suffix_output", suffix_output, output);
-  const int64_t tokens = output.shape[0], heads = output.shape[1];
-  check_lse("prefix_lse_heads_tokens", prefix_lse_heads_tokens, heads, tokens);
-  check_lse("suffix_lse_heads_tokens", suffix_lse_heads_tokens, heads, tokens);
+  check_state("output", output);
+  check_state("prefix_output", prefix_output);
+  check_state("suffix_output", suffix_output);
+  check_state_shapes(output, prefix_output, suffix_output);
+  check_lse("prefix_lse", prefix_lse, output);
+  check_lse("suffix_lse", suffix_lse, output);
   check_alias("output", output, "prefix_output", prefix_output);
   check_alias("output", output, "suffix_output", suffix_output);
-  Device device =
-      detail::common_device(kOp, {{"output", &output},
-                                  {"prefix_output", &prefix_output},
-                                  {"prefix_lse_heads_tokens", &prefix_lse_heads_tokens},
-                                  {"suffix_output", &suffix_output},
-                                  {"suffix_lse_heads_tokens", &suffix_lse_heads_tokens}});
-  if (output_lse_heads_tokens) {
-    const TensorView& lse = *output_lse_heads_tokens;
-    check_lse("output_lse_heads_tokens", lse, heads, tokens);
-    check_alias("output_lse_heads_tokens", lse, "prefix_lse_heads_tokens", prefix_lse_heads_tokens);
-    check_alias("output_lse_heads_tokens", lse, "suffix_lse_heads_tokens", suffix_lse_heads_tokens);
-    check_alias("output_lse_heads_tokens", lse, "output", output);
-    device = detail::common_device(kOp, {{"output", &output}, {"output_lse_heads_tokens", &lse}});
+  Device device = detail::common_device(kOp, {{"output", &output},
+                                              {"prefix_output", &prefix_output},
+                                              {"prefix_lse", &prefix_lse},
+                                              {"suffix_output", &suffix_output},
+                                              {"suffix_lse", &suffix_lse}});
+  if (output_lse) {
+    const TensorView& lse = *output_lse;
+    check_lse("output_lse", lse, output);
+    check_alias("output_lse", lse, "prefix_lse", prefix_lse);
+    check_alias("output_lse", lse, "suffix_lse", suffix_lse);
+    check_alias("output_lse", lse, "output", output);
+    device = detail::common_device(kOp, {{"output", &output}, {"output_lse", &lse}});
   }
 
   if (device.is_cpu()) {
-    cpu::merge_attn_states(output, output_lse_heads_tokens, prefix_output, prefix_lse_heads_tokens,
-                           suffix_output, suffix_lse_heads_tokens);
+    cpu::merge_attn_states(output, output_lse, prefix_output, prefix_lse, suffix_output,
+                           suffix_lse);
     return;
   }
 #ifdef MLAKIT_WITH_CUDA
-  cuda::merge_attn_states(output, output_lse_heads_tokens, prefix_output, prefix_lse_heads_tokens,
-                          suffix_output, suffix_lse_heads_tokens, stream);
+  cuda::merge_attn_states(output, output_lse, prefix_output, prefix_lse, suffix_output, suffix_lse,
+                          stream);
 #else
   (void)stream;  // no CUDA backend in this build
   detail::unsupported_device(kOp, device);

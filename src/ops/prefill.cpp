@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <optional>
+#include <string>
 #include <vector>
 
 #include "core/check.hpp"
@@ -23,7 +24,7 @@ constexpr const char* kOp = "mla_prefill";
 void check_prefill_layout(const TensorView& q, const TensorView& k_nope, const TensorView& k_pe,
                           const TensorView& v, const TensorView& cu_seqlens_q,
                           const TensorView& cu_seqlens_k, float scale, const TensorView& out,
-                          const std::optional<TensorView>& lse_heads_tokens) {
+                          const std::optional<TensorView>& lse) {
   using namespace detail;
   check_storage(kOp, "q", q);
   check_storage(kOp, "k_nope", k_nope);
@@ -48,30 +49,32 @@ void check_prefill_layout(const TensorView& q, const TensorView& k_nope, const T
   check_dtype(kOp, "cu_seqlens_q", cu_seqlens_q, {DType::kI32});
   check_dtype(kOp, "cu_seqlens_k", cu_seqlens_k, {DType::kI32});
 
-  const int64_t tokens = q.shape[0], heads = q.shape[1], keys = k_nope.shape[0];
-  const int64_t nope = k_nope.shape[2], rope = k_pe.shape[1], dv = v.shape[2];
-  check_size(kOp, "k_nope", k_nope, 1, heads);
-  check_size(kOp, "k_pe", k_pe, 0, keys);
-  check_size(kOp, "v", v, 0, keys);
-  check_size(kOp, "v", v, 1, heads);
-  require(q.shape[2] == nope + rope, ErrorCode::kInvalidArgument, kOp,
-          ": q.shape[2] must equal k_nope.shape[2] + k_pe.shape[1] (", nope, " + ", rope, " = ",
-          nope + rope, "), got ", q.shape[2]);
+  const int64_t nope = k_nope.shape[2], rope = k_pe.shape[1];
+  check_size_matches(kOp, "k_nope", k_nope, 1, "q", q, 1, "heads N");
+  check_size_matches(kOp, "k_pe", k_pe, 0, "k_nope", k_nope, 0, "keys S");
+  check_size_matches(kOp, "v", v, 0, "k_nope", k_nope, 0, "keys S");
+  check_size_matches(kOp, "v", v, 1, "q", q, 1, "heads N");
+  int64_t head_dim = 0;  // empty keys may claim any widths: the sum may overflow
+  const bool overflow = __builtin_add_overflow(nope, rope, &head_dim);
+  require(!overflow && q.shape[2] == head_dim, ErrorCode::kInvalidArgument, kOp,
+          ": q.shape[2] must equal k_nope.shape[2] + k_pe.shape[1] (", nope, " + ", rope,
+          overflow ? std::string(", which overflows int64") : str_cat(" = ", head_dim), "), got ",
+          q.shape[2]);
   require(nope + rope >= 1, ErrorCode::kInvalidArgument, kOp,
           ": the query/key head size k_nope.shape[2] + k_pe.shape[1] must be at least 1, got 0");
   check_min_size(kOp, "v", v, 2, 1);
-  check_size(kOp, "out", out, 0, tokens);
-  check_size(kOp, "out", out, 1, heads);
-  check_size(kOp, "out", out, 2, dv);
+  check_size_matches(kOp, "out", out, 0, "q", q, 0, "tokens T");
+  check_size_matches(kOp, "out", out, 1, "q", q, 1, "heads N");
+  check_size_matches(kOp, "out", out, 2, "v", v, 2, "value width V");
   check_min_size(kOp, "cu_seqlens_q", cu_seqlens_q, 0, 1);
-  check_size(kOp, "cu_seqlens_k", cu_seqlens_k, 0, cu_seqlens_q.shape[0]);
-  if (lse_heads_tokens) {
-    const TensorView& lse = *lse_heads_tokens;
-    check_storage(kOp, "lse_heads_tokens", lse);
-    check_ndim(kOp, "lse_heads_tokens", lse, 2);
-    check_dtype(kOp, "lse_heads_tokens", lse, {DType::kF32});
-    check_size(kOp, "lse_heads_tokens", lse, 0, heads);
-    check_size(kOp, "lse_heads_tokens", lse, 1, tokens);
+  check_size_matches(kOp, "cu_seqlens_k", cu_seqlens_k, 0, "cu_seqlens_q", cu_seqlens_q, 0,
+                     "batch B + 1");
+  if (lse) {
+    check_storage(kOp, "lse", *lse);
+    check_ndim(kOp, "lse", *lse, 2);
+    check_dtype(kOp, "lse", *lse, {DType::kF32});
+    check_size_matches(kOp, "lse", *lse, 0, "q", q, 1, "heads N");
+    check_size_matches(kOp, "lse", *lse, 1, "q", q, 0, "tokens T");
   }
   check_positive_finite(kOp, "scale", scale);
 }
@@ -113,10 +116,8 @@ void mla_prefill(const TensorView& q, const TensorView& k_nope, const TensorView
                  const TensorView& v, const TensorView& cu_seqlens_q,
                  const TensorView& cu_seqlens_k, int64_t max_seqlen_q, int64_t max_seqlen_k,
                  float scale, bool causal, const TensorView& out,
-                 const std::optional<TensorView>& lse_heads_tokens,
-                 [[maybe_unused]] Stream stream) {
-  check_prefill_layout(q, k_nope, k_pe, v, cu_seqlens_q, cu_seqlens_k, scale, out,
-                       lse_heads_tokens);
+                 const std::optional<TensorView>& lse, [[maybe_unused]] Stream stream) {
+  check_prefill_layout(q, k_nope, k_pe, v, cu_seqlens_q, cu_seqlens_k, scale, out, lse);
   Device device = detail::common_device(kOp, {{"q", &q},
                                               {"k_nope", &k_nope},
                                               {"k_pe", &k_pe},
@@ -124,14 +125,14 @@ void mla_prefill(const TensorView& q, const TensorView& k_nope, const TensorView
                                               {"cu_seqlens_q", &cu_seqlens_q},
                                               {"cu_seqlens_k", &cu_seqlens_k},
                                               {"out", &out}});
-  if (lse_heads_tokens) {
-    device = detail::common_device(kOp, {{"q", &q}, {"lse_heads_tokens", &*lse_heads_tokens}});
+  if (lse) {
+    device = detail::common_device(kOp, {{"q", &q}, {"lse", &*lse}});
   }
   if (device.is_cuda()) {
 #ifdef MLAKIT_WITH_CUDA
     // cu_seqlens stay on the device: the kernel checks their values (cuda/prefill/launch.hpp).
     return cuda::mla_prefill(q, k_nope, k_pe, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
-                             max_seqlen_k, scale, causal, out, lse_heads_tokens, stream);
+                             max_seqlen_k, scale, causal, out, lse, stream);
 #endif
   }
   if (!device.is_cpu()) detail::unsupported_device(kOp, device);
@@ -146,7 +147,7 @@ void mla_prefill(const TensorView& q, const TensorView& k_nope, const TensorView
   args.k_pe = k_pe;
   args.v = v;
   args.out = out;
-  args.lse_heads_tokens = lse_heads_tokens;
+  args.lse_heads_tokens = lse;
   const std::vector<int64_t> cu_q = read_cu_seqlens("cu_seqlens_q", cu_seqlens_q, "q.shape[0]",
                                                     q.shape[0], "max_seqlen_q", max_seqlen_q);
   const std::vector<int64_t> cu_k = read_cu_seqlens("cu_seqlens_k", cu_seqlens_k, "k_nope.shape[0]",

@@ -350,8 +350,9 @@ TEST(CacheGatherErrors, BadShapesAndDtypes) {
   const Tensor ds_cache = Tensor::zeros({3, 64, 656}, DType::kU8);
   const Tensor dst_bf16 = test::nan_tensor({65, 576}, DType::kBF16);
   const Tensor dst_f32 = test::nan_tensor({65, 576}, DType::kF32);
-  MLAKIT_EXPECT_THROW_MSG(gather(cache_575, dst_bf16, KvCacheDType::kAuto),
-                          "kv_cache.shape[2] must equal 576, got 575");
+  MLAKIT_EXPECT_THROW_MSG(
+      gather(cache_575, dst_bf16, KvCacheDType::kAuto),
+      "src_cache.shape[2] must equal dst.shape[1] (the entry width L + R) = 576, got 575");
   MLAKIT_EXPECT_THROW_MSG(
       gather(cache_576, Tensor::zeros({65, 576}, DType::kI32), KvCacheDType::kAuto),
       "dst must have dtype f32 or f16 or bf16, got i32");
@@ -362,14 +363,16 @@ TEST(CacheGatherErrors, BadShapesAndDtypes) {
   MLAKIT_EXPECT_THROW_MSG(gather(ds_cache, dst_f32, KvCacheDType::kFp8DsMla),
                           "dst must have dtype f16 or bf16 for fp8_ds_mla");
   MLAKIT_EXPECT_THROW_MSG(gather(fp8_cache, dst_bf16, KvCacheDType::kFp8DsMla),
-                          "kv_cache.shape[2] must equal 656");
+                          "src_cache.shape[2] must equal 656");
   MLAKIT_EXPECT_THROW_MSG(
       gather(ds_cache, test::nan_tensor({65, 512}, DType::kBF16), KvCacheDType::kFp8DsMla),
       "dst.shape[1] must equal 576");
-  MLAKIT_EXPECT_THROW_MSG(gather(cache_576, dst_bf16, KvCacheDType::kAuto, 1.0f, 66),
-                          "dst.shape[0] must be at least 66");
-  MLAKIT_EXPECT_THROW_MSG(gather(cache_576, dst_bf16, KvCacheDType::kAuto, 1.0f, -1),
-                          "num_tokens must be >= 0");
+  MLAKIT_EXPECT_THROW_MSG(
+      gather(cache_576, dst_bf16, KvCacheDType::kAuto, 1.0f, 66),
+      "num_tokens must be in [0, min(dst.shape[0] = 65, token_to_seq.shape[0] = 65)], got 66");
+  MLAKIT_EXPECT_THROW_MSG(
+      gather(cache_576, dst_bf16, KvCacheDType::kAuto, 1.0f, -1),
+      "num_tokens must be in [0, min(dst.shape[0] = 65, token_to_seq.shape[0] = 65)], got -1");
   const TensorView overlapping =
       TensorView::strided(dst_bf16.data<void>(), DType::kBF16, {65, 576}, {100, 1});
   MLAKIT_EXPECT_THROW_MSG(gather(cache_576, overlapping, KvCacheDType::kAuto),
@@ -384,7 +387,7 @@ TEST(CacheGatherErrors, BadShapesAndDtypes) {
       ops::gather_and_maybe_dequant_cache(cache_576, dst_bf16, a.block_table, a.cu_seq_lens,
                                           test::int_tensor({0}, {1}, DType::kI32), 65,
                                           KvCacheDType::kAuto, 1.0f, std::nullopt),
-      "token_to_seq.shape[0] must be at least 65");
+      "num_tokens must be in [0, min(dst.shape[0] = 65, token_to_seq.shape[0] = 1)], got 65");
 
   // cp_gather_cache
   MLAKIT_EXPECT_THROW_MSG(
@@ -401,7 +404,7 @@ TEST(CacheGatherErrors, BadShapesAndDtypes) {
       "src_cache must have dtype f32 or f16 or bf16 or u8 or fp8_e4m3, got i32");
   MLAKIT_EXPECT_THROW_MSG(
       ops::cp_gather_cache(cache_576, dst_bf16, a.block_table, a.cu_seq_lens, 2, std::nullopt),
-      "block_table.shape[0] must be at least 2");
+      "cp_gather_cache: batch_size must be in [0, cu_seq_lens.shape[0] - 1 = 1], got 2");
 }
 
 }  // namespace

@@ -254,7 +254,9 @@ TEST(ConcatAndCacheMlaErrors, BadDtypesAndShapes) {
   {
     WriteArgs a;
     a.cache = test::nan_tensor({2, 4, 575}, DType::kBF16);
-    MLAKIT_EXPECT_THROW_MSG(call(a, KvCacheDType::kAuto), "kv_cache.shape[2] must equal 576");
+    MLAKIT_EXPECT_THROW_MSG(call(a, KvCacheDType::kAuto),
+                            "kv_c.shape[1] + k_pe.shape[1] (L + R) must add up to the cache entry "
+                            "width kv_cache.shape[2] = 575, got 512 + 64 = 576");
   }
   {
     WriteArgs a;
@@ -279,10 +281,13 @@ TEST(ConcatAndCacheMlaErrors, BadDtypesAndShapes) {
     WriteArgs a;
     a.cache = test::nan_tensor({2, 4, 576}, DType::kU8);
     MLAKIT_EXPECT_THROW_MSG(call(a, KvCacheDType::kFp8E4m3, 0.0f),
-                            "k_scale must be finite and > 0");
-    MLAKIT_EXPECT_THROW_MSG(call(a, KvCacheDType::kFp8E4m3, -1.0f), "k_scale must be finite");
-    MLAKIT_EXPECT_THROW_MSG(call(a, KvCacheDType::kFp8E4m3, NAN), "k_scale must be finite");
-    MLAKIT_EXPECT_THROW_MSG(call(a, KvCacheDType::kFp8E4m3, INFINITY), "k_scale must be finite");
+                            "concat_and_cache_mla: scale must be finite and > 0");
+    MLAKIT_EXPECT_THROW_MSG(call(a, KvCacheDType::kFp8E4m3, -1.0f),
+                            "concat_and_cache_mla: scale must be finite");
+    MLAKIT_EXPECT_THROW_MSG(call(a, KvCacheDType::kFp8E4m3, NAN),
+                            "concat_and_cache_mla: scale must be finite");
+    MLAKIT_EXPECT_THROW_MSG(call(a, KvCacheDType::kFp8E4m3, INFINITY),
+                            "concat_and_cache_mla: scale must be finite");
   }
   {
     WriteArgs a;
@@ -314,12 +319,14 @@ TEST(ConcatAndCacheMlaErrors, DsMlaNeedsItsLayout) {
   const Tensor k_pe = Tensor::empty({2, 64}, DType::kBF16);
   MLAKIT_EXPECT_THROW_MSG(
       ops::concat_and_cache_mla(kv_c_256, k_pe, cache, slots, KvCacheDType::kFp8DsMla, 1.0f),
-      "kv_lora_rank must be 512 for fp8_ds_mla");
+      "kv_c.shape[1] and k_pe.shape[1] must be 512 and 64 for kv_cache_dtype fp8_ds_mla (the only "
+      "dims its 656-byte entry holds), got 256 and 64");
   const Tensor kv_c = Tensor::empty({2, 512}, DType::kBF16);
   const Tensor k_pe_32 = Tensor::empty({2, 32}, DType::kBF16);
   MLAKIT_EXPECT_THROW_MSG(
       ops::concat_and_cache_mla(kv_c, k_pe_32, cache, slots, KvCacheDType::kFp8DsMla, 1.0f),
-      "qk_rope_head_dim must be 64 for fp8_ds_mla");
+      "kv_c.shape[1] and k_pe.shape[1] must be 512 and 64 for kv_cache_dtype fp8_ds_mla (the only "
+      "dims its 656-byte entry holds), got 512 and 32");
   const Tensor cache_576 = test::nan_tensor({1, 4, 576}, DType::kU8);
   MLAKIT_EXPECT_THROW_MSG(
       ops::concat_and_cache_mla(kv_c, k_pe, cache_576, slots, KvCacheDType::kFp8DsMla, 1.0f),

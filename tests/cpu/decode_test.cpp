@@ -9,6 +9,7 @@
 #include <cstring>
 #include <limits>
 #include <numeric>
+#include <string>
 #include <vector>
 
 #include "common/fp8_reference.hpp"
@@ -44,7 +45,7 @@ struct Case {
 
   int64_t dim() const { return rank + rope; }
   int64_t batch() const { return static_cast<int64_t>(seq_lens.size()); }
-  ops::DecodeParams params() const { return {scale, kv_dtype, q_scale, k_scale}; }
+  ops::DecodeParams params() const { return {scale, kv_dtype, q_scale, k_scale, rank}; }
 };
 
 // Decode inputs plus the values the kernel sees, as doubles.
@@ -268,9 +269,12 @@ void check_case(const Case& c, uint64_t stream, int64_t workers = 2) {
 }
 
 // Lengths around block boundaries plus the empty and one-token requests.
-std::vector<int32_t> boundary_lens(int64_t bs) {
+// Lengths around page boundaries for s_q queries per request: empty, the shortest valid (s_q; a
+// seq_len counts the new tokens too), one page +- 1, two and three pages.
+std::vector<int32_t> boundary_lens(int64_t bs, int64_t s_q = 1) {
   const auto b = static_cast<int32_t>(bs);
-  return {0, 1, b - 1 > 0 ? b - 1 : 2, b, b + 1, 2 * b + 1, 3 * b - 1, 70};
+  const auto q = static_cast<int32_t>(s_q);
+  return {0, q, b - 1 > q ? b - 1 : q + 1, b, b + 1, 2 * b + 1, 3 * b - 1, 70};
 }
 
 TEST(MlaDecode, AutoCacheDtypes) {
@@ -339,8 +343,8 @@ TEST(MlaDecode, SpeculativeQueriesBottomRightCausal) {
   for (int64_t s_q = 1; s_q <= 8; ++s_q) {
     Case c;
     const auto sq = static_cast<int32_t>(s_q);
-    // seq_len >= s_q, and seq_len < s_q: early queries see no key (out 0, lse -inf).
-    c.seq_lens = {sq, sq + 1, 77, sq - 1, 0, 2};
+    // seq_len == s_q: query 0 sees one key; empty requests; lengths past s_q.
+    c.seq_lens = {sq, sq + 1, 77, 0, sq + 2};
     c.s_q = s_q;
     c.heads = 8;
     SCOPED_TRACE(testing::Message() << "s_q " << s_q);
@@ -379,7 +383,7 @@ TEST(MlaDecode, SmallAndOddLatentDims) {
     Case c;
     c.rank = rank;
     c.rope = rope;
-    c.seq_lens = boundary_lens(16);
+    c.seq_lens = boundary_lens(16, 3);
     c.s_q = 3;
     SCOPED_TRACE(testing::Message() << "L " << rank << " R " << rope);
     check_case(c, stream++);
@@ -397,7 +401,7 @@ TEST(MlaDecode, StridedQueryOutputAndLse) {
 
 TEST(MlaDecode, MultiSplitEqualsSingleSplit) {
   Case c;
-  c.seq_lens = {300, 513, 0, 64, 1000, 1};
+  c.seq_lens = {300, 513, 0, 64, 1000, 2};
   c.s_q = 2;
   c.heads = 8;
   auto rng = test::make_rng(900);
@@ -414,18 +418,19 @@ TEST(MlaDecode, MultiSplitEqualsSingleSplit) {
   EXPECT_TRUE(test::all_close(b.lse, test::to_doubles(a.lse), {1e-5, 1e-5}));
 }
 
-// A hand-made schedule finer than the planner makes: with seq_len < s_q whole splits see no key
-// for some rows, so the combine meets -inf partial LSEs.
+// A hand-made schedule finer than the planner makes: early queries see only the first keys, so
+// whole splits see no key for their rows and the combine meets -inf partial LSEs (query 0 of
+// request 0 sees key 0 only: 3 of its 4 splits are empty for it).
 TEST(MlaDecode, SplitsWithoutVisibleKeys) {
   Case c;
-  c.seq_lens = {5, 11};
+  c.seq_lens = {8, 11};
   c.s_q = 8;
   c.heads = 2;
   c.block_size = 1;
   DecodeSchedule s;
   s.split_len = {2, 3};
-  s.split_offsets = {0, 3, 7};  // ceil(5 / 2) = 3, ceil(11 / 3) = 4
-  s.total_splits = 7;
+  s.split_offsets = {0, 4, 8};  // ceil(8 / 2) = 4, ceil(11 / 3) = 4
+  s.total_splits = 8;
   s.max_splits = 4;
   auto rng = test::make_rng(1000);
   const Inputs in = make_inputs(c, rng);
@@ -534,6 +539,8 @@ void check_batch_invariance(Case c, int32_t r_len, uint64_t stream) {
     for (int i = 0; i < n; ++i) {
       RequestValues v;
       v.seq_len = other_len(rng);
+      // seq_lens count the s_q new tokens too: a length in (0, s_q) becomes s_q.
+      if (v.seq_len > 0 && v.seq_len < c.s_q) v.seq_len = static_cast<int32_t>(c.s_q);
       const int64_t at = offset(rng) * c.dim();
       v.keys.assign(pool.keys.begin() + at, pool.keys.begin() + at + v.seq_len * c.dim());
       v.q.assign(pool.keys.begin() + at, pool.keys.begin() + at + static_cast<int64_t>(r.q.size()));
@@ -622,7 +629,73 @@ TEST_F(MlaDecodeErrors, WrongQueryWidth) {
   const TensorView q575 = in_.q.narrow(3, 0, 575);
   MLAKIT_EXPECT_THROW_MSG(
       run(q575, in_.cache, in_.block_table, in_.seq_lens, c_.params(), schedule_, ws_),
-      "mla_decode: q.shape[3] must equal 576, got 575");
+      "mla_decode: kv_cache.shape[2] (the cache entry width) must equal q.shape[3] (L + R) = 575, "
+      "got 576");
+}
+
+// A 577-wide cache entry is the cache's fault: the message names kv_cache, and q as the reference.
+TEST_F(MlaDecodeErrors, WrongCacheEntryWidthNamesTheCache) {
+  const Tensor cache577 = Tensor::zeros({in_.cache.size(0), 16, 577}, DType::kBF16);
+  MLAKIT_EXPECT_THROW_MSG(
+      run(in_.q, cache577, in_.block_table, in_.seq_lens, c_.params(), schedule_, ws_),
+      "mla_decode: kv_cache.shape[2] (the cache entry width) must equal q.shape[3] (L + R) = 576, "
+      "got 577");
+}
+
+// An out buffer narrower (or wider) than the latent width L is an error, not a decode that
+// silently takes the first out.shape[3] latent dims as the values.
+TEST_F(MlaDecodeErrors, OutMustHaveTheLatentWidth) {
+  for (const int64_t width : {128, 511, 513}) {
+    const Tensor out = Tensor::empty({2, 1, 4, width}, DType::kF32);
+    MLAKIT_EXPECT_THROW_MSG(ops::mla_decode(in_.q, in_.cache, in_.block_table, in_.seq_lens, out,
+                                            out_.lse, c_.params(), schedule_, ws_),
+                            "mla_decode: out.shape[3] must equal kv_lora_rank (the latent width "
+                            "L) = 512, got " +
+                                std::to_string(width));
+  }
+  ops::DecodeParams p = c_.params();
+  p.kv_lora_rank = 576;  // leaves no rope part
+  MLAKIT_EXPECT_THROW_MSG(run_with(p),
+                          "mla_decode: kv_lora_rank must be in [1, q.shape[3] - 1 = "
+                          "575] (L of L + R = 576), got 576");
+  p.kv_lora_rank = -1;
+  MLAKIT_EXPECT_THROW_MSG(run_with(p), "mla_decode: kv_lora_rank must be > 0, got -1");
+}
+
+// A workspace size that overflows int64 is an error, not a wrapped number (fuzz finding).
+TEST(MlaDecodeWorkspace, SizeOverflowIsAnError) {
+  DecodeSchedule s;
+  s.total_splits = 1;
+  MLAKIT_EXPECT_THROW_MSG(
+      ops::mla_decode_workspace_elems(s, 3, std::numeric_limits<int64_t>::max(), 10),
+      "mla_decode_workspace_elems: total_splits x s_q x num_heads x (kv_lora_rank + 1) = 1 x 3 x "
+      "9223372036854775807 x (10 + 1) overflows int64");
+  EXPECT_EQ(ops::mla_decode_workspace_elems(s, 3, 16, 512), 3 * 16 * 513);
+}
+
+// seq_lens count the new tokens too: 0 < seq_len < s_q is inconsistent metadata (before, its
+// early queries quietly returned 0 / -inf). Both decode forms reject it on host metadata.
+TEST(MlaDecodeSeqLens, ShorterThanTheQueriesIsRejected) {
+  Case c;
+  c.seq_lens = {20, 3, 0};
+  c.s_q = 4;
+  c.heads = 2;
+  auto rng = test::make_rng(1450);
+  const Inputs in = make_inputs(c, rng);
+  const Outputs o = make_outputs(c);
+  const std::string message =
+      "mla_decode: seq_lens[1] must be 0 or at least s_q = q.shape[1] = 4 (seq_lens count the new "
+      "tokens too), got 3";
+  MLAKIT_EXPECT_THROW_MSG(
+      ops::mla_decode(in.q, in.cache, in.block_table, in.seq_lens, o.out, o.lse, c.params()),
+      message);
+  // The scheduled form, with a schedule that covers the lengths as given.
+  const DecodeSchedule s = plan_decode_splits(c.seq_lens, c.block_size, 2);
+  const Tensor ws =
+      Tensor::empty({ops::mla_decode_workspace_elems(s, c.s_q, c.heads, c.rank)}, DType::kF32);
+  MLAKIT_EXPECT_THROW_MSG(
+      ops::mla_decode(in.q, in.cache, in.block_table, in.seq_lens, o.out, o.lse, c.params(), s, ws),
+      message);
 }
 
 TEST_F(MlaDecodeErrors, Fp8QueryNeedsFp8Cache) {
@@ -676,18 +749,18 @@ TEST_F(MlaDecodeErrors, ShapesAndDtypes) {
   const Tensor lse16 = Tensor::empty({2, 1, 4}, DType::kBF16);
   MLAKIT_EXPECT_THROW_MSG(ops::mla_decode(in_.q, in_.cache, in_.block_table, in_.seq_lens, out_.out,
                                           lse16, c_.params(), schedule_, ws_),
-                          "lse_tokens_heads must have dtype f32");
+                          "mla_decode: lse must have dtype f32");
   const Tensor out5 = Tensor::empty({2, 1, 5, 512}, DType::kF32);
   MLAKIT_EXPECT_THROW_MSG(ops::mla_decode(in_.q, in_.cache, in_.block_table, in_.seq_lens, out5,
                                           out_.lse, c_.params(), schedule_, ws_),
-                          "out.shape[2] must equal 4, got 5");
+                          "mla_decode: out.shape[2] must equal q.shape[2] (num_heads) = 4, got 5");
   const Tensor table64 = Tensor::zeros({2, in_.block_table.size(1)}, DType::kI64);
   MLAKIT_EXPECT_THROW_MSG(run(in_.q, in_.cache, table64, in_.seq_lens, c_.params(), schedule_, ws_),
                           "block_table must have dtype i32");
   const Tensor lens3 = Tensor::zeros({3}, DType::kI32);
   MLAKIT_EXPECT_THROW_MSG(
       run(in_.q, in_.cache, in_.block_table, lens3, c_.params(), schedule_, ws_),
-      "seq_lens.shape[0] must equal 2, got 3");
+      "mla_decode: seq_lens.shape[0] must equal q.shape[0] (batch B) = 2, got 3");
   ops::DecodeParams fp8 = c_.params();
   fp8.kv_dtype = KvCacheDType::kFp8E4m3;  // bf16 cache tensor with an fp8 format
   MLAKIT_EXPECT_THROW_MSG(run_with(fp8), "kv_cache (kv_cache_dtype fp8_e4m3) must have dtype u8");

@@ -124,13 +124,14 @@ TEST(ScaledFp8Quant, RejectsBadArguments) {
                           "scaled_fp8_quant: out must have dtype fp8_e4m3 or u8, got f32");
   const Tensor out_shape = Tensor::zeros({4, 9}, DType::kU8);
   MLAKIT_EXPECT_THROW_MSG(ops::scaled_fp8_quant(x, out_shape, 1.0f),
-                          "scaled_fp8_quant: out.shape[1] must equal 8, got 9");
+                          "scaled_fp8_quant: out.shape[1] must equal input.shape[1] (out has "
+                          "input's shape) = 8, got 9");
   const Tensor out_rank = Tensor::zeros({32}, DType::kU8);
   MLAKIT_EXPECT_THROW_MSG(ops::scaled_fp8_quant(x, out_rank, 1.0f),
                           "scaled_fp8_quant: out must have 2 dimensions");
   const Tensor x_int = Tensor::zeros({4, 8}, DType::kI32);
   MLAKIT_EXPECT_THROW_MSG(ops::scaled_fp8_quant(x_int, out, 1.0f),
-                          "scaled_fp8_quant: x must have dtype f32 or f16 or bf16, got i32");
+                          "scaled_fp8_quant: input must have dtype f32 or f16 or bf16, got i32");
 #ifndef MLAKIT_WITH_CUDA  // with the CUDA backend these host pointers would reach a real kernel
   TensorView x_gpu = x.view();
   x_gpu.device = Device::cuda(0);

@@ -286,7 +286,7 @@ TEST(BatchedMatmul, RejectsBadArguments) {
   const TensorView overlapping_a =
       TensorView::strided(wide.view().data, DType::kF32, {2, 4, 5}, {20, 3, 1});
   MLAKIT_EXPECT_THROW_MSG(bmm(overlapping_a, w.view, c.view),
-                          "got shape [2, 4, 5] with strides (20, 3, 1)");
+                          "got shape [2, 4, 5] with strides [20, 3, 1]");
   // Every batch index writing the same matrix.
   const Tensor one_c = Tensor::empty({4, 6}, DType::kF32);
   const TensorView shared_c =

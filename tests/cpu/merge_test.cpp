@@ -233,6 +233,19 @@ TEST(MergeAttnStates, EmptyTensorsAreANoOp) {
   EXPECT_NO_THROW(ops::merge_attn_states(states, lse.view(), states, lse, states, lse));
 }
 
+// D = 0: the states have no element and may have no data pointer (the kernel must not offset
+// one: fuzz finding, undefined behaviour); the merged LSE is still written.
+TEST(MergeAttnStates, ZeroWidthStatesStillMergeTheLse) {
+  auto rng = test::make_rng(12);
+  const int64_t tokens = 5, heads = 3;
+  const LsePair lse = random_lse_pair(rng, heads, tokens);
+  const TensorView states = TensorView::contiguous(nullptr, DType::kF32, {tokens, heads, 0});
+  const Tensor out_lse = test::nan_tensor({heads, tokens}, DType::kF32);
+  ops::merge_attn_states(states, out_lse.view(), states, lse.prefix, states, lse.suffix);
+  const ref::MergeResult expected = reference_merge(states, lse.prefix, states, lse.suffix);
+  EXPECT_TRUE(test::all_close(out_lse, expected.lse, kLseTolerance));
+}
+
 TEST(MergeAttnStates, RejectsBadArguments) {
   auto rng = test::make_rng(9);
   const int64_t tokens = 6, heads = 2, d = 16;
@@ -247,10 +260,12 @@ TEST(MergeAttnStates, RejectsBadArguments) {
 
   Tensor wrong_heads = Tensor::empty({tokens, heads + 1, d}, DType::kF32);
   MLAKIT_EXPECT_THROW_MSG(merge(out, out_lse.view(), wrong_heads, lse, suffix, lse),
-                          "merge_attn_states: prefix_output.shape[1] must equal 2, got 3");
+                          "merge_attn_states: prefix_output must have the [T, H, D] shape of "
+                          "output and suffix_output [6, 2, 16], got [6, 3, 16]");
   Tensor wrong_d = Tensor::empty({tokens, heads, d + 1}, DType::kF32);
   MLAKIT_EXPECT_THROW_MSG(merge(out, out_lse.view(), prefix, lse, wrong_d, lse),
-                          "merge_attn_states: suffix_output.shape[2] must equal 16, got 17");
+                          "merge_attn_states: suffix_output must have the [T, H, D] shape of "
+                          "prefix_output and output [6, 2, 16], got [6, 2, 17]");
   Tensor ints = Tensor::empty({tokens, heads, d}, DType::kI32);
   MLAKIT_EXPECT_THROW_MSG(
       merge(out, out_lse.view(), ints, lse, suffix, lse),
@@ -271,15 +286,14 @@ TEST(MergeAttnStates, RejectsBadArguments) {
   Tensor lse_t = test::random_tensor(rng, {tokens, heads}, DType::kF32);
   MLAKIT_EXPECT_THROW_MSG(
       merge(out, out_lse.view(), prefix, lse_t, suffix, lse),
-      "merge_attn_states: prefix_lse_heads_tokens.shape[0] must equal 2, got 6");
+      "merge_attn_states: prefix_lse.shape[0] must equal output.shape[1] (heads H) = 2, got 6");
   Tensor lse_bf16 = Tensor::empty({heads, tokens}, DType::kBF16);
-  MLAKIT_EXPECT_THROW_MSG(
-      merge(out, out_lse.view(), prefix, lse, suffix, lse_bf16),
-      "merge_attn_states: suffix_lse_heads_tokens must have dtype f32, got bf16");
+  MLAKIT_EXPECT_THROW_MSG(merge(out, out_lse.view(), prefix, lse, suffix, lse_bf16),
+                          "merge_attn_states: suffix_lse must have dtype f32, got bf16");
   Tensor short_lse = Tensor::empty({heads, tokens - 1}, DType::kF32);
   MLAKIT_EXPECT_THROW_MSG(
       merge(out, short_lse.view(), prefix, lse, suffix, lse),
-      "merge_attn_states: output_lse_heads_tokens.shape[1] must equal 6, got 5");
+      "merge_attn_states: output_lse.shape[1] must equal output.shape[0] (tokens T) = 6, got 5");
 
   // Partial overlap: output shifted by one token inside the prefix buffer.
   Tensor big = test::random_tensor(rng, {tokens + 1, heads, d}, DType::kF32);

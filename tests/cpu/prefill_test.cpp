@@ -138,6 +138,20 @@ void expect_matches_reference(const PrefillInputs& in, bool causal, DType dtype,
       << "out was written past its head size";
 }
 
+// P = 0 (or R = 0) makes k_nope (k_pe) empty, so it may come without a data pointer: the kernel
+// must not offset one (fuzz finding, undefined behaviour) and the result is plain attention over
+// the other part.
+TEST(MlaPrefill, EmptyNopeOrRopePartWithoutDataPointer) {
+  auto rng = test::make_rng(40);
+  for (const PrefillShape shape : {PrefillShape{4, 0, 8, 20}, PrefillShape{4, 24, 0, 20}}) {
+    SCOPED_TRACE(testing::Message() << "P " << shape.nope << " R " << shape.rope);
+    PrefillInputs in = make_inputs(rng, DType::kF32, shape, {5, 3}, {7, 3});
+    (shape.nope == 0 ? in.k_nope : in.k_pe).data = nullptr;
+    run_prefill(in, true);
+    expect_matches_reference(in, true, DType::kF32);
+  }
+}
+
 TEST(MlaPrefill, RandomVarlenBatchesMatchReference) {
   auto rng = test::make_rng(1);
   std::uniform_int_distribution<int64_t> query_len(0, 40), context_len(0, 30), coin(0, 3);
@@ -357,29 +371,34 @@ TEST(MlaPrefill, RejectsBadArguments) {
                           "mla_prefill: q.shape[2] must equal k_nope.shape[2] + k_pe.shape[1] "
                           "(24 + 8 = 32), got 33");
   Tensor kn_heads = bf16({10, 5, 24});
-  MLAKIT_EXPECT_THROW_MSG(prefill(q, kn_heads, kp, v, cq, ck, 5, 6, 0.1f, out, lse),
-                          "mla_prefill: k_nope.shape[1] must equal 4, got 5");
+  MLAKIT_EXPECT_THROW_MSG(
+      prefill(q, kn_heads, kp, v, cq, ck, 5, 6, 0.1f, out, lse),
+      "mla_prefill: k_nope.shape[1] must equal q.shape[1] (heads N) = 4, got 5");
   Tensor kp_rows = bf16({11, 8});
-  MLAKIT_EXPECT_THROW_MSG(prefill(q, kn, kp_rows, v, cq, ck, 5, 6, 0.1f, out, lse),
-                          "mla_prefill: k_pe.shape[0] must equal 10, got 11");
+  MLAKIT_EXPECT_THROW_MSG(
+      prefill(q, kn, kp_rows, v, cq, ck, 5, 6, 0.1f, out, lse),
+      "mla_prefill: k_pe.shape[0] must equal k_nope.shape[0] (keys S) = 10, got 11");
   Tensor v_rows = bf16({9, 4, 20});
-  MLAKIT_EXPECT_THROW_MSG(prefill(q, kn, kp, v_rows, cq, ck, 5, 6, 0.1f, out, lse),
-                          "mla_prefill: v.shape[0] must equal 10, got 9");
+  MLAKIT_EXPECT_THROW_MSG(
+      prefill(q, kn, kp, v_rows, cq, ck, 5, 6, 0.1f, out, lse),
+      "mla_prefill: v.shape[0] must equal k_nope.shape[0] (keys S) = 10, got 9");
   Tensor v_heads = bf16({10, 2, 20});
   MLAKIT_EXPECT_THROW_MSG(prefill(q, kn, kp, v_heads, cq, ck, 5, 6, 0.1f, out, lse),
-                          "mla_prefill: v.shape[1] must equal 4, got 2");
+                          "mla_prefill: v.shape[1] must equal q.shape[1] (heads N) = 4, got 2");
   Tensor out_dv = bf16({8, 4, 24});
-  MLAKIT_EXPECT_THROW_MSG(prefill(q, kn, kp, v, cq, ck, 5, 6, 0.1f, out_dv, lse),
-                          "mla_prefill: out.shape[2] must equal 20, got 24");
+  MLAKIT_EXPECT_THROW_MSG(
+      prefill(q, kn, kp, v, cq, ck, 5, 6, 0.1f, out_dv, lse),
+      "mla_prefill: out.shape[2] must equal v.shape[2] (value width V) = 20, got 24");
   Tensor out_rows = bf16({7, 4, 20});
   MLAKIT_EXPECT_THROW_MSG(prefill(q, kn, kp, v, cq, ck, 5, 6, 0.1f, out_rows, lse),
-                          "mla_prefill: out.shape[0] must equal 8, got 7");
+                          "mla_prefill: out.shape[0] must equal q.shape[0] (tokens T) = 8, got 7");
   Tensor lse_th = Tensor::empty({8, 4}, DType::kF32);
   MLAKIT_EXPECT_THROW_MSG(prefill(q, kn, kp, v, cq, ck, 5, 6, 0.1f, out, lse_th.view()),
-                          "mla_prefill: lse_heads_tokens.shape[0] must equal 4, got 8");
+                          "mla_prefill: lse.shape[0] must equal q.shape[1] (heads N) = 4, got 8");
   Tensor cu_short = i32({0, 5});
   MLAKIT_EXPECT_THROW_MSG(prefill(q, kn, kp, v, cq, cu_short, 5, 6, 0.1f, out, lse),
-                          "mla_prefill: cu_seqlens_k.shape[0] must equal 3, got 2");
+                          "mla_prefill: cu_seqlens_k.shape[0] must equal cu_seqlens_q.shape[0] "
+                          "(batch B + 1) = 3, got 2");
   Tensor cu_empty = Tensor::empty({0}, DType::kI32);
   MLAKIT_EXPECT_THROW_MSG(prefill(q, kn, kp, v, cu_empty, cu_empty, 5, 6, 0.1f, out, lse),
                           "mla_prefill: cu_seqlens_q.shape[0] must be at least 1, got 0");
@@ -409,7 +428,7 @@ TEST(MlaPrefill, RejectsBadArguments) {
                           "mla_prefill: cu_seqlens_q must have dtype i32, got i64");
   Tensor lse_bf16 = bf16({4, 8});
   MLAKIT_EXPECT_THROW_MSG(prefill(q, kn, kp, v, cq, ck, 5, 6, 0.1f, out, lse_bf16.view()),
-                          "mla_prefill: lse_heads_tokens must have dtype f32, got bf16");
+                          "mla_prefill: lse must have dtype f32, got bf16");
 
   // Sequence offsets and maxima.
   Tensor cu_start = i32({1, 5, 8});

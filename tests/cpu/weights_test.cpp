@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstdint>
 #include <random>
+#include <sstream>
 #include <vector>
 
 #include "common/fp8_reference.hpp"
@@ -214,7 +215,8 @@ TEST(AbsorbKvBProj, RejectsBadArguments) {
 
   MLAKIT_EXPECT_THROW_MSG(
       absorb_kv_b_proj(Tensor::zeros({14, 6}, DType::kBF16), std::nullopt, dims, DType::kBF16),
-      "absorb_kv_b_proj: weight must have shape [N * (P + V), L] = [14, 5] (N 2, P 4, V 3, L 5), "
+      "absorb_kv_b_proj: kv_b_proj_weight must have shape [N * (P + V), L] = [14, 5] (N 2, P 4, V "
+      "3, L 5), "
       "got [14, 6]");
   MLAKIT_EXPECT_THROW_MSG(
       absorb_kv_b_proj(Tensor::zeros({14, 5, 1}, DType::kBF16), std::nullopt, dims, DType::kBF16),
@@ -223,19 +225,22 @@ TEST(AbsorbKvBProj, RejectsBadArguments) {
                           "absorb_kv_b_proj: act_dtype must be f32, f16 or bf16, got fp8_e4m3");
   MLAKIT_EXPECT_THROW_MSG(
       absorb_kv_b_proj(Tensor::zeros({14, 5}, DType::kI32), std::nullopt, dims, DType::kBF16),
-      "absorb_kv_b_proj: weight must have dtype f32 or f16 or bf16 or fp8_e4m3 or u8, got i32");
+      "absorb_kv_b_proj: kv_b_proj_weight must have dtype f32 or f16 or bf16 or fp8_e4m3 or u8, "
+      "got i32");
   MLAKIT_EXPECT_THROW_MSG(absorb_kv_b_proj(fp8, std::nullopt, dims, DType::kBF16),
-                          "absorb_kv_b_proj: weight_scale_inv (f32 [1, 1]) is required for an "
-                          "fp8 weight");
-  MLAKIT_EXPECT_THROW_MSG(absorb_kv_b_proj(weight, scales.view(), dims, DType::kBF16),
-                          "absorb_kv_b_proj: weight_scale_inv given for a non-fp8 weight (bf16)");
+                          "absorb_kv_b_proj: kv_b_proj_scale_inv (f32 [1, 1]) is required for an "
+                          "fp8 kv_b_proj_weight");
+  MLAKIT_EXPECT_THROW_MSG(
+      absorb_kv_b_proj(weight, scales.view(), dims, DType::kBF16),
+      "absorb_kv_b_proj: kv_b_proj_scale_inv given for a non-fp8 kv_b_proj_weight (bf16)");
   MLAKIT_EXPECT_THROW_MSG(
       absorb_kv_b_proj(fp8, Tensor::zeros({2, 1}, DType::kF32).view(), dims, DType::kBF16),
-      "absorb_kv_b_proj: weight_scale_inv must have shape [1, 1] (one scale per 128x128 block of "
-      "a [14, 5] weight), got [2, 1]");
+      "absorb_kv_b_proj: kv_b_proj_scale_inv must have shape [1, 1] (one scale per 128x128 block "
+      "of "
+      "a [14, 5] kv_b_proj_weight), got [2, 1]");
   MLAKIT_EXPECT_THROW_MSG(
       absorb_kv_b_proj(fp8, Tensor::zeros({1, 1}, DType::kBF16).view(), dims, DType::kBF16),
-      "absorb_kv_b_proj: weight_scale_inv must have dtype f32, got bf16");
+      "absorb_kv_b_proj: kv_b_proj_scale_inv must have dtype f32, got bf16");
   MlaDims bad_dims = dims;
   bad_dims.num_heads = 0;
   MLAKIT_EXPECT_THROW_MSG(absorb_kv_b_proj(weight, std::nullopt, bad_dims, DType::kBF16),
@@ -244,7 +249,7 @@ TEST(AbsorbKvBProj, RejectsBadArguments) {
   device_weight.device = Device::cuda(0);
   MLAKIT_EXPECT_THROW_MSG(
       absorb_kv_b_proj(device_weight, std::nullopt, dims, DType::kBF16),
-      "absorb_kv_b_proj: weight must be a host (cpu) tensor, got one on cuda:0");
+      "absorb_kv_b_proj: kv_b_proj_weight must be a host (cpu) tensor, got one on cuda:0");
   TensorView no_data = weight.view();
   no_data.data = nullptr;
   MLAKIT_EXPECT_THROW_MSG(absorb_kv_b_proj(no_data, std::nullopt, dims, DType::kBF16),
@@ -258,6 +263,34 @@ TEST(AbsorbKvBProj, RejectsBadArguments) {
     EXPECT_NE(std::string(e.what()).find("built without CUDA"), std::string::npos) << e.what();
   }
 #endif
+}
+
+// A NaN, infinite, zero or negative block scale would spoil every output of the layer: each is
+// rejected, naming the block (its index and the weight rows and columns it scales).
+TEST(AbsorbKvBProj, RejectsBadBlockScalesNamingTheBlock) {
+  const MlaDims dims = make_dims(2, 100, 60, 200);  // weight [320, 200]: 3 x 2 blocks of 128x128
+  const Tensor fp8 = Tensor::zeros({320, 200}, DType::kFp8E4m3);
+  for (const float bad : {std::nanf(""), INFINITY, -INFINITY, 0.0f, -0.5f}) {
+    SCOPED_TRACE(testing::Message() << "scale " << bad);
+    const Tensor scales = test::tensor_from({1, 1, 1, 1, 1, 1}, {3, 2}, DType::kF32);
+    scales.data<float>()[2 * 2 + 1] = bad;  // block [2, 1]: rows [256, 320), columns [128, 200)
+    std::ostringstream shown;
+    shown << bad;
+    MLAKIT_EXPECT_THROW_MSG(absorb_kv_b_proj(fp8, scales.view(), dims, DType::kBF16),
+                            "absorb_kv_b_proj: kv_b_proj_scale_inv[2, 1] must be finite and > 0 "
+                            "(the scale of kv_b_proj_weight rows [256, 320), columns [128, 200)), "
+                            "got " +
+                                shown.str());
+  }
+  // Scales [3, 2] viewed in a [3, 4] buffer: a bad value outside the view is never read, one
+  // inside it is found at its strided position.
+  const Tensor wide = test::tensor_from(std::vector<double>(12, 1.0), {3, 4}, DType::kF32);
+  const TensorView strided = wide.view().narrow(1, 0, 2);
+  wide.data<float>()[1 * 4 + 3] = std::nanf("");
+  EXPECT_NO_THROW(absorb_kv_b_proj(fp8, strided, dims, DType::kBF16));
+  wide.data<float>()[2 * 4 + 1] = 0.0f;
+  MLAKIT_EXPECT_THROW_MSG(absorb_kv_b_proj(fp8, strided, dims, DType::kBF16),
+                          "kv_b_proj_scale_inv[2, 1] must be finite and > 0");
 }
 
 }  // namespace

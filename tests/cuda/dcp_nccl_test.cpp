@@ -115,7 +115,11 @@ struct Global {
 };
 
 ops::DecodeParams params(const Config& c) {
-  return {.scale = kScale, .kv_dtype = c.kv, .q_scale = kQScale, .k_scale = kKScale};
+  return {.scale = kScale,
+          .kv_dtype = c.kv,
+          .q_scale = kQScale,
+          .k_scale = kKScale,
+          .kv_lora_rank = kLatent};
 }
 
 struct DecodeResult {

@@ -211,11 +211,13 @@ void check_case(const Case& c, uint64_t stream, std::vector<int64_t> parts = {0,
 
 // ---- correctness grids -------------------------------------------------------------------------
 
-// 17 requests over the lengths the spec names: empty, one key, around one and two tiles, long.
-std::vector<int32_t> grid_lens(int64_t batch) {
-  const std::vector<int32_t> lens = {0, 1, 63, 64, 65, 1000};
+// Requests over the lengths the spec names: empty, the shortest valid one (s_q keys: seq_lens
+// count the new tokens too), around one and two tiles, long.
+std::vector<int32_t> grid_lens(int64_t batch, int64_t s_q) {
+  const auto shortest = static_cast<int32_t>(s_q);
+  const std::vector<int32_t> lens = {0, shortest, 63, 64, 65, 1000};
   if (batch == 1) return {1000};
-  if (batch == 3) return {65, 1000, 1};
+  if (batch == 3) return {65, 1000, shortest};
   std::vector<int32_t> out;
   for (int64_t b = 0; b < batch; ++b) out.push_back(lens[b % lens.size()]);
   return out;
@@ -227,7 +229,7 @@ TEST(MlaDecodeCuda, LengthsBlockSizesAndSpeculativeQueries) {
   for (int64_t bs : {16, 64, 128}) {
     for (int64_t s_q : {1, 2, 4, 8}) {
       Case c;
-      c.seq_lens = grid_lens(17);
+      c.seq_lens = grid_lens(17, s_q);
       c.block_size = bs;
       c.s_q = s_q;
       check_case(c, stream++);
@@ -236,7 +238,7 @@ TEST(MlaDecodeCuda, LengthsBlockSizesAndSpeculativeQueries) {
   for (int64_t batch : {1, 3}) {
     for (int64_t s_q : {1, 2, 4, 8}) {
       Case c;
-      c.seq_lens = grid_lens(batch);
+      c.seq_lens = grid_lens(batch, s_q);
       c.s_q = s_q;
       c.out_dtype = DType::kBF16;
       check_case(c, stream++);
@@ -272,7 +274,7 @@ TEST(MlaDecodeCuda, SixtyFourRowTilesOverSixteenBitCaches) {
   for (DType dt : {DType::kBF16, DType::kF16}) {
     for (auto [heads, s_q] : {std::pair<int64_t, int64_t>{40, 1}, {40, 3}, {128, 2}}) {
       Case c;
-      c.seq_lens = {1000, 130, 0, 64, 1, 127};
+      c.seq_lens = {1000, 130, 0, 64, static_cast<int32_t>(s_q), 127};
       c.heads = heads;
       c.s_q = s_q;
       c.block_size = heads == 128 ? 16 : 64;
@@ -290,7 +292,8 @@ TEST(MlaDecodeCuda, SmallHeadCounts) {
   for (int64_t heads : {1, 4, 8}) {
     for (int64_t s_q : {1, 2, 3, 8}) {
       Case c;
-      c.seq_lens = {130, 7, 0, 64, 2};
+      const auto sq = static_cast<int32_t>(s_q);
+      c.seq_lens = {130, sq + 6, 0, 64, sq};  // two short requests: s_q + 6 and s_q keys
       c.heads = heads;
       c.s_q = s_q;
       c.block_size = 16;
@@ -306,7 +309,7 @@ TEST(MlaDecodeCuda, CacheFormatsScalesAndOutputDtypes) {
   int next_out = 0;
   auto run = [&](Case c) {
     for (int64_t s_q : {1, 2}) {
-      c.seq_lens = grid_lens(3);
+      c.seq_lens = grid_lens(3, s_q);
       c.s_q = s_q;
       c.out_dtype = outs[next_out++ % 3];
       check_case(c, stream++, {0, 3});
@@ -339,7 +342,7 @@ TEST(MlaDecodeCuda, CacheFormatsScalesAndOutputDtypes) {
       Case fp8_q = c;  // fp8 q: the rope dtype comes from out
       fp8_q.q_dtype = DType::kFp8E4m3;
       fp8_q.out_dtype = act;
-      fp8_q.seq_lens = grid_lens(3);
+      fp8_q.seq_lens = grid_lens(3, fp8_q.s_q);
       check_case(fp8_q, stream++, {0, 3});
     }
   }
@@ -373,10 +376,13 @@ TEST(MlaDecodeCuda, EmptyRequestsNeverTouchTheTable) {
   }
 }
 
-// One case of BadDeviceIndicesGiveNanRows with 16 heads and s_q queries per request.
+// One case of BadDeviceIndicesGiveNanRows with 16 heads and s_q queries per request: request 0
+// is good, 1 has a block id outside the cache, 2 a seq_len beyond the table and, for s_q > 1,
+// 3 a seq_len in (0, s_q) (seq_lens count the new tokens too).
 void check_bad_indices(int64_t s_q, uint64_t stream) {
   Case c;
   c.seq_lens = {100, 200, 50};
+  if (s_q > 1) c.seq_lens.push_back(60);
   c.block_size = 16;
   c.s_q = s_q;
   auto rng = test::make_rng(stream);
@@ -385,6 +391,7 @@ void check_bad_indices(int64_t s_q, uint64_t stream) {
   const int64_t width = in.block_table.size(1);
   in.block_table.data<int32_t>()[1 * width + 3] = static_cast<int32_t>(in.cache.size(0));
   in.seq_lens.data<int32_t>()[2] = static_cast<int32_t>(width * c.block_size + 1);
+  if (s_q > 1) in.seq_lens.data<int32_t>()[3] = static_cast<int32_t>(s_q - 1);
   const DeviceInputs d = upload(in);
   const int64_t row = c.s_q * c.heads;
   for (auto [p, invariant] : {std::pair<int64_t, bool>{1, false}, {3, false}, {0, true}}) {
@@ -394,8 +401,9 @@ void check_bad_indices(int64_t s_q, uint64_t stream) {
                             "mla_decode: a seq_lens value was outside");
     EXPECT_NO_THROW(ops::check_device_errors(Device::cuda(0))) << "the word was not cleared";
     const std::vector<double> out = test::to_doubles(r.out), lse = test::to_doubles(r.lse);
-    for (int64_t i = row * kRank; i < 3 * row * kRank; ++i) ASSERT_TRUE(std::isnan(out[i])) << i;
-    for (int64_t i = row; i < 3 * row; ++i) ASSERT_TRUE(std::isnan(lse[i])) << i;
+    const int64_t rows = c.batch() * row;  // requests 1 .. B-1 are bad
+    for (int64_t i = row * kRank; i < rows * kRank; ++i) ASSERT_TRUE(std::isnan(out[i])) << i;
+    for (int64_t i = row; i < rows; ++i) ASSERT_TRUE(std::isnan(lse[i])) << i;
     const std::vector<double> want_out(ref.kernel.out.begin(),
                                        ref.kernel.out.begin() + row * kRank);
     const std::vector<double> want_lse(ref.kernel.lse.begin(), ref.kernel.lse.begin() + row);
@@ -463,9 +471,10 @@ void check_graph_replay(int64_t heads, int64_t s_q, bool invariant, uint64_t see
   cuda_ok(cudaStreamEndCapture(stream, &graph), "end capture");
   cuda_ok(cudaGraphInstantiate(&exec, graph, 0), "instantiate");
 
+  // Nonzero lengths are at least 2 = the largest s_q below (seq_lens count the new tokens too).
   const std::vector<std::vector<int32_t>> rounds = {
-      {2560, 0, 1, 300, 64},    {5, 2000, 0, 0, 2559}, {0, 0, 0, 0, 0},
-      {1024, 1025, 1, 2, 1023}, {1, 1, 2560, 1, 1},    {700, 700, 700, 700, 700}};
+      {2560, 0, 2, 300, 64},    {5, 2000, 0, 0, 2559}, {0, 0, 0, 0, 0},
+      {1024, 1025, 2, 3, 1023}, {2, 2, 2560, 2, 2},    {700, 700, 700, 700, 700}};
   for (const std::vector<int32_t>& lens : rounds) {
     SCOPED_TRACE(testing::PrintToString(lens));
     c.seq_lens = lens;
@@ -530,13 +539,15 @@ TEST(MlaDecodeCuda, VariedLengthBatches) {
     c.out_dtype = DType::kBF16;
     // Fewer keys for more rows: the fp64 oracle's time grows with both.
     std::uniform_int_distribution<int32_t> len(0, heads * s_q >= 64 ? 1500 : 3000);
-    for (int b = 0; b < 40; ++b) c.seq_lens.push_back(len(rng));
+    for (int b = 0; b < 40; ++b) c.seq_lens.push_back(valid_seq_len(len(rng), s_q));
     check_case(c, stream++, {0, 7, 61});
-    Case edges = c;
-    edges.seq_lens = {0, 1, 63, 64, 65, 127, 128, 129, 1023, 1024, 1025, 2, 0, 191, 193};
+    Case edges = c;  // s_q keys: the shortest valid request (seq_lens count the new tokens too)
+    const auto shortest = static_cast<int32_t>(s_q);
+    edges.seq_lens = {0,    shortest, 63,   64,           65, 127, 128, 129,
+                      1023, 1024,     1025, shortest + 1, 0,  191, 193};
     check_case(edges, stream++, {0, 5});
     Case one_long = c;
-    one_long.seq_lens.assign(30, 3);
+    one_long.seq_lens.assign(30, std::max<int32_t>(3, shortest));
     one_long.seq_lens[7] = 4000;
     one_long.seq_lens[20] = 0;
     check_case(one_long, stream++, {0, 9});
@@ -569,7 +580,7 @@ void check_batch_invariance(Case c, int32_t r_len, uint64_t stream) {
   std::uniform_int_distribution<int64_t> offset(0, 4096 - 1000);
   auto companion = [&] {
     RequestValues v;
-    v.seq_len = other_len(rng);
+    v.seq_len = valid_seq_len(other_len(rng), c.s_q);
     const int64_t at = offset(rng);
     v.keys.assign(pool.keys.begin() + at * kDim, pool.keys.begin() + (at + v.seq_len) * kDim);
     v.q.assign(pool.keys.begin() + at * kDim, pool.keys.begin() + at * kDim + r.q.size());
@@ -752,7 +763,9 @@ TEST_F(MlaDecodeCudaErrors, UnsupportedShapesAndDtypes) {
   const Tensor q80 = Tensor::zeros({2, 1, 4, 80}, DType::kBF16);
   const Tensor cache80 = Tensor::zeros({4, 16, 80}, DType::kBF16);
   const Tensor out64 = Tensor::zeros({2, 1, 4, 64}, DType::kF32);
-  MLAKIT_EXPECT_THROW_MSG(run(q80, cache80, out64, c_.params(), schedule_, ws_),
+  ops::DecodeParams rank64 = c_.params();
+  rank64.kv_lora_rank = 64;
+  MLAKIT_EXPECT_THROW_MSG(run(q80, cache80, out64, rank64, schedule_, ws_),
                           "supports kv_lora_rank 512 with qk_rope_head_dim 64");
 }
 
@@ -771,7 +784,8 @@ TEST_F(MlaDecodeCudaErrors, MisalignedRows) {
 TEST_F(MlaDecodeCudaErrors, SameValidationAsCpu) {
   MLAKIT_EXPECT_THROW_MSG(
       run(in_.q.narrow(3, 0, 575), in_.cache, out_, c_.params(), schedule_, ws_),
-      "mla_decode: q.shape[3] must equal 576, got 575");
+      "mla_decode: kv_cache.shape[2] (the cache entry width) must equal q.shape[3] (L + R) = 575, "
+      "got 576");
   const Tensor q8 = Tensor::zeros({2, 1, 4, kDim}, DType::kFp8E4m3);
   MLAKIT_EXPECT_THROW_MSG(run(q8, in_.cache, out_, c_.params(), schedule_, ws_),
                           "fp8 q needs an fp8 kv_cache_dtype");
@@ -786,7 +800,7 @@ TEST_F(MlaDecodeCudaErrors, SameValidationAsCpu) {
       ops::mla_decode(on_cuda(in_.q), on_cuda(in_.cache), on_cuda(in_.block_table),
                       on_cuda(in_.seq_lens), on_cuda(out_), on_cuda(lse16), c_.params(), schedule_,
                       on_cuda(ws_)),
-      "lse_tokens_heads must have dtype f32");
+      "mla_decode: lse must have dtype f32");
   MLAKIT_EXPECT_THROW_MSG(
       ops::mla_decode(on_cuda(in_.q), in_.cache, on_cuda(in_.block_table), on_cuda(in_.seq_lens),
                       on_cuda(out_), on_cuda(lse_), c_.params(), schedule_, on_cuda(ws_)),

@@ -538,8 +538,6 @@ std::vector<Sched> balanced(std::initializer_list<int64_t> parts) {
 
 // ---- the plan kernel ---------------------------------------------------------------------------
 
-// The plan kernel's records for `lens`, emulated, against the host assembly of the same plan:
-// several chunks of 256 requests, part searches over up to 256 parts, bad lengths.
 // The plan kernel's records for `lens` (max_len bounds them), emulated, against the host
 // assembly of the same plan.
 void expect_plan_kernel_matches_host(const std::vector<int32_t>& lens, int32_t max_len,
@@ -696,8 +694,8 @@ TEST(MlaDecodeEmulated, F16PartialRowTile) {
   check_case(c, 300, balanced({2}));
 }
 
-// Two 64-row tiles per request (128 heads); s_q 8 with requests shorter than s_q (early queries
-// see no key); one long request cut by nineteen part boundaries.
+// Two 64-row tiles per request (128 heads); s_q 8 with requests of s_q and s_q + 1 keys (query 0
+// sees one or two keys); one long request cut by nineteen part boundaries.
 TEST(MlaDecodeEmulated, RowTilesSpeculativeQueriesAndManyParts) {
   Case heads128;
   heads128.seq_lens = {70, 0};
@@ -705,7 +703,7 @@ TEST(MlaDecodeEmulated, RowTilesSpeculativeQueriesAndManyParts) {
   heads128.out_dtype = DType::kBF16;
   check_case(heads128, 250, balanced({2}));
   Case spec;
-  spec.seq_lens = {9, 5, 1};
+  spec.seq_lens = {9, 8, 0};
   spec.s_q = 8;
   spec.heads = 8;
   spec.block_size = 16;
@@ -761,14 +759,15 @@ TEST(MlaDecodeEmulated, StridedAndConvertedQuery) {
 
 // ---- varied lengths under the work-balanced and the batch-invariant plans ----------------------
 
-// Lengths 0, 1, k * 64 +- 1, one long among short ones; s_q 1..4 over 16 heads (16, 32, 48, 64
-// rows); the parts cut requests anywhere, several segments run in one CTA, and segments of one
-// request land in different CTAs.
+// Lengths 0, s_q (the shortest valid: seq_lens count the new tokens too), s_q + 1, k * 64 +- 1,
+// one long among short ones; s_q 1..4 over 16 heads (16, 32, 48, 64 rows); the parts cut requests
+// anywhere, several segments run in one CTA, and segments of one request land in different CTAs.
 TEST(MlaDecodeEmulated, VariedLengthsAndQueryCounts) {
   uint64_t stream = 1000;
   for (int64_t s_q : {1, 2, 3, 4}) {
     Case c;
-    c.seq_lens = {0, 1, 63, 65, 129, 2, 191, 0};
+    const auto shortest = static_cast<int32_t>(s_q);
+    c.seq_lens = {0, shortest, 63, 65, 129, shortest + 1, 191, 0};
     c.s_q = s_q;
     c.block_size = 16;
     c.out_dtype = s_q % 2 == 0 ? DType::kBF16 : DType::kF32;
@@ -796,7 +795,7 @@ TEST(MlaDecodeEmulated, VariedLengthsManyHeadsAllFormats) {
   fp8.block_size = 16;
   check_case(fp8, stream++, {{4}, {3, true}});
   Case ds_mla;
-  ds_mla.seq_lens = {63, 0, 129, 1};
+  ds_mla.seq_lens = {63, 0, 129, 2};  // s_q 2: the shortest valid request has 2 keys
   ds_mla.kv_dtype = KvCacheDType::kFp8DsMla;
   ds_mla.s_q = 2;
   check_case(ds_mla, stream++, {{3}, {2, true}});
@@ -836,7 +835,9 @@ void check_batch_invariance(Case c, int32_t r_len, int batches, int max_companio
   for (int trial = 0; trial < batches; ++trial) {
     std::vector<RequestValues> batch;
     const int n = companions(rng);
-    for (int i = 0; i < n; ++i) batch.push_back(random_request(c, other_len(rng), rng));
+    for (int i = 0; i < n; ++i) {
+      batch.push_back(random_request(c, valid_seq_len(other_len(rng), c.s_q), rng));
+    }
     const size_t at = std::uniform_int_distribution<size_t>(0, batch.size())(rng);
     batch.insert(batch.begin() + static_cast<std::ptrdiff_t>(at), r);
     Case bc = c;
@@ -914,6 +915,31 @@ TEST(MlaDecodeEmulated, BadIndicesGiveNanRows) {
   for (int64_t i = row * kRank; i < 2 * row * kRank; ++i) ASSERT_TRUE(std::isnan(out[i])) << i;
   const std::vector<double> want(good_ref.out.begin(), good_ref.out.begin() + row * kRank);
   EXPECT_TRUE(test::all_close(o.out.narrow(0, 0, 1), want, out_tolerance(bounded)));
+}
+
+// seq_lens count the s_q new tokens too: a seq_len in (0, s_q) is inconsistent metadata, so its
+// rows become NaN and the error word is set, while the other requests stay exact.
+TEST(MlaDecodeEmulated, SeqLenShorterThanTheQueriesGivesNanRows) {
+  Case c;
+  c.seq_lens = {50, 30};
+  c.s_q = 4;
+  c.heads = 4;
+  c.block_size = 16;
+  auto rng = test::make_rng(710);
+  HostInputs in = make_inputs(c, rng);
+  const Expected ref = reference(c, in.q_kernel, in.k_kernel);
+  in.seq_lens.data<int32_t>()[1] = 3;
+  const int64_t row = c.s_q * c.heads;
+  for (const Sched& s : std::vector<Sched>{{1}, {2}, {3, true}}) {
+    SCOPED_TRACE(testing::Message() << "parts " << s.parts << (s.invariant ? " invariant" : ""));
+    const Outputs o = run_emulated(c, in, s);
+    EXPECT_EQ(o.error_word, uint32_t{cuda::kDecodeBadIndex});
+    const std::vector<double> out = test::to_doubles(o.out), lse = test::to_doubles(o.lse);
+    for (int64_t i = row * kRank; i < 2 * row * kRank; ++i) ASSERT_TRUE(std::isnan(out[i])) << i;
+    for (int64_t i = row; i < 2 * row; ++i) ASSERT_TRUE(std::isnan(lse[i])) << i;
+    const std::vector<double> want(ref.out.begin(), ref.out.begin() + row * kRank);
+    EXPECT_TRUE(test::all_close(o.out.narrow(0, 0, 1), want, out_tolerance(c)));
+  }
 }
 
 }  // namespace

@@ -57,7 +57,7 @@ struct Case {
   int64_t out_pad = 0;  // extra elements per out row and per lse row
 
   int64_t batch() const { return static_cast<int64_t>(seq_lens.size()); }
-  ops::DecodeParams params() const { return {kDeepSeekScale, kv_dtype, q_scale, k_scale}; }
+  ops::DecodeParams params() const { return {kDeepSeekScale, kv_dtype, q_scale, k_scale, kRank}; }
   // The kernel's MMA element type, by the rule documented in cuda/decode/decode.hpp.
   DType mma_dtype() const {
     switch (kv_dtype) {
@@ -139,6 +139,12 @@ inline void write_entry(const Case& c, uint8_t* entry, const std::vector<float>&
       break;
     }
   }
+}
+
+// seq_lens count the s_q new tokens too, so a request has 0 or at least s_q keys: a drawn length
+// in (0, s_q) becomes s_q.
+inline int32_t valid_seq_len(int32_t len, int64_t s_q) {
+  return len > 0 && len < s_q ? static_cast<int32_t>(s_q) : len;
 }
 
 // One request's own values, fixed while the batch around it changes (batch-invariance tests).

@@ -198,8 +198,11 @@ DecodeResult decode(const Config& c, const TensorView& q, const PagedCache& p,
       DType::kF32);
   DecodeResult r{test::nan_tensor({requests, 1, heads, kLatent}, DType::kF32),
                  test::nan_tensor({requests, 1, heads}, DType::kF32)};
-  const ops::DecodeParams params{
-      .scale = kScale, .kv_dtype = c.kv, .q_scale = kQScale, .k_scale = kKScale};
+  const ops::DecodeParams params{.scale = kScale,
+                                 .kv_dtype = c.kv,
+                                 .q_scale = kQScale,
+                                 .k_scale = kKScale,
+                                 .kv_lora_rank = kLatent};
   ops::mla_decode(
       q, p.cache, p.block_table,
       test::int_tensor(std::vector<int64_t>(lens.begin(), lens.end()), {requests}, DType::kI32),

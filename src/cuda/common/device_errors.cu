@@ -56,8 +56,8 @@ constexpr BitMessage kMessages[] = {
      "(that request's rows were not written)"},
     {kDecodeBadIndex,
      "mla_decode: a seq_lens value was outside [0, block_table width * block_size] (or above the "
-     "schedule's max_seq_len) or a block_table entry it needed was not a block id in [0, "
-     "num_blocks) (those rows are NaN)"},
+     "schedule's max_seq_len) or in (0, s_q) (seq_lens count the new tokens too), or a "
+     "block_table entry it needed was not a block id in [0, num_blocks) (those rows are NaN)"},
     {kDecodePlanOverflow,
      "mla_decode: internal error: the work plan exceeded the bounds its workspace was sized for "
      "(some rows were not computed); please report this"},

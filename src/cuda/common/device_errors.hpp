@@ -27,7 +27,7 @@ enum DeviceErrorBit : uint32_t {
   kCpGatherColumnOutOfRange = 1u << 8,  // position / block_size >= block_table width
   kCpGatherBlockOutOfRange = 1u << 9,   // block_table[b, col] not in [0, num_blocks)
   kPrefillBadSeqlens = 1u << 10,        // cu_seqlens_q / _k not offsets within T / S, or too long
-  kDecodeBadIndex = 1u << 11,           // seq_lens[b] not in [0, max_seq_len] or a block id bad
+  kDecodeBadIndex = 1u << 11,           // seq_lens[b] not 0 or in [s_q, max_seq_len]; bad block id
   kDecodePlanOverflow = 1u << 12,       // the decode work plan outgrew its proven bounds (a bug)
   kGatherRowOutOfRange = 1u << 13,      // row_index[t] not in [0, rows of src)
   kDcpSlotBadIndex = 1u << 14,          // token_to_req, block column or block id of a token bad

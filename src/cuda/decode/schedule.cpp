@@ -28,10 +28,17 @@ WorkPlanBounds checked_bounds(const DeviceDecodeSchedule& d, const char* op) {
   require(d.num_parts >= 1 && d.num_parts <= kMaxDecodeParts, ErrorCode::kInvalidArgument, op,
           ": a CUDA decode schedule needs num_parts in [1, ", kMaxDecodeParts, "], got ",
           d.num_parts);
+  // Row indices are int32 on the device; checked first, so that the bounds' products (batch times
+  // at most kMaxRequestSegments) cannot overflow int64.
+  int64_t request_rows = 0, batch_rows = 0;
+  require(!__builtin_mul_overflow(d.s_q, d.num_heads, &request_rows) &&
+              !__builtin_mul_overflow(d.batch, request_rows, &batch_rows) &&
+              request_rows <= kInt32Max && batch_rows <= kInt32Max,
+          ErrorCode::kInvalidArgument, op, ": batch ", d.batch, " x s_q ", d.s_q, " x num_heads ",
+          d.num_heads, " query rows exceed 2^31 - 1; the CUDA decode indexes them with int32");
   const WorkPlanBounds b = work_plan_bounds(d.batch, d.num_parts, d.batch_invariant, d.max_seq_len);
-  // Segment, slot and row indices are int32 on the device.
-  require(b.max_segments <= kInt32Max && b.max_partials <= kInt32Max / 4 &&
-              d.batch * d.s_q * d.num_heads <= kInt32Max,
+  // Segment and slot indices are int32 on the device.
+  require(b.max_segments <= kInt32Max && b.max_partials <= kInt32Max / 4,
           ErrorCode::kInvalidArgument, op, ": batch ", d.batch, " x s_q ", d.s_q, " x num_heads ",
           d.num_heads, " with max_seq_len ", d.max_seq_len, " needs ", b.max_segments,
           " segments; the CUDA decode indexes them with int32");
@@ -94,6 +101,15 @@ DevicePlanSizes device_plan_sizes(const DecodeSchedule& schedule, int64_t rows, 
           d.s_q * d.num_heads, " query rows per request, got ", rows);
   require(value_dim >= 0, ErrorCode::kInvalidArgument, op, ": kv_lora_rank must be >= 0, got ",
           value_dim);
+  // The partial outputs dominate the layout: the bounds above keep every other region below 2^61
+  // words (at most 2^29 partials x 2^31 rows of LSEs, 2^31 16-byte records), so a total within
+  // 2^62 words of partial outputs is representable.
+  const int64_t partial_rows = sizes.bounds.max_partials * rows;
+  int64_t partial_words = 0;
+  require(!__builtin_mul_overflow(partial_rows, value_dim, &partial_words) &&
+              partial_words <= std::numeric_limits<int64_t>::max() / 2,
+          ErrorCode::kInvalidArgument, op, ": the split workspace of ", sizes.bounds.max_partials,
+          " partials x ", rows, " rows x kv_lora_rank ", value_dim, " values overflows int64");
   sizes.layout = workspace_layout(d.num_parts, sizes.bounds, rows, value_dim);
   return sizes;
 }

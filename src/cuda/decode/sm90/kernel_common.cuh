@@ -65,7 +65,8 @@ __device__ __forceinline__ WorkItem make_work_item(const DecodeKernelParams& p, 
   w.row0 = row0;
   w.slot = record.w;
   const int raw_len = p.seq_lens[w.batch_index * p.seq_lens_stride];
-  w.bad_seq_len = !seq_len_is_valid(raw_len, p.max_seq_len);
+  // seq_lens count the s_q new tokens too: 0 < seq_len < s_q is inconsistent metadata.
+  w.bad_seq_len = !seq_len_is_valid(raw_len, p.max_seq_len) || (raw_len > 0 && raw_len < p.s_q);
   w.seq_len = w.bad_seq_len ? 0 : raw_len;
   w.key_begin = min(record.y, w.seq_len);
   w.key_end = min(record.z, w.seq_len);
