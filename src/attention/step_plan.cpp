@@ -283,11 +283,13 @@ void validate_batch_tensors(const char* op, const MlaAttentionConfig& c,
   require(batch.num_actual_tokens >= 0, ErrorCode::kInvalidArgument, op,
           ": num_actual_tokens must be >= 0, got ", batch.num_actual_tokens);
   if (c.dcp.enabled()) {
-    require(batch.slot_mapping.numel() == 0, ErrorCode::kInvalidArgument, op,
-            ": under DCP (dcp.world_size ", c.dcp.world_size,
+    const TensorView& slots = batch.slot_mapping;
+    const bool empty = slots.data == nullptr || (slots.ndim > 0 && slots.numel() == 0);
+    require(empty, ErrorCode::kInvalidArgument, op, ": under DCP (dcp.world_size ",
+            c.dcp.world_size,
             ") the cache slots are derived from the token positions and this rank's block table, "
-            "so batch.slot_mapping must be empty, got ",
-            batch.slot_mapping.numel(), " entries");
+            "so batch.slot_mapping must be empty (a default TensorView), got ",
+            slots.ndim > 0 ? slots.numel() : 1, " entries");
   } else {
     check_storage(op, "batch.slot_mapping", batch.slot_mapping);
     check_ndim(op, "batch.slot_mapping", batch.slot_mapping, 1);
