@@ -187,9 +187,10 @@ E2eResult run_e2e_case(const E2eCase& c) {
   const int64_t bs = c.block_size;
   const double scale = 1.0 / std::sqrt(double(dqk)) * 1.25;  // a model-like, non-default scale
   EXPECT_TRUE(c.step_plan || c.num_layers == 1) << c.name << ": layers share a step plan";
-  const bool dcp = c.dcp_comm != nullptr;
+  // A group of one rank is no DCP (MlaAttention ignores the communicator then).
+  const bool dcp = c.dcp_comm != nullptr && c.head_ranks > 1;
   const int64_t ranks = c.head_ranks, interleave = dcp ? c.dcp_interleave : 1;
-  if (dcp) {
+  if (c.dcp_comm != nullptr) {
     EXPECT_EQ(c.dcp_comm->world_size(), ranks) << c.name << ": head_ranks is the DCP group size";
     EXPECT_EQ(c.dcp_comm->rank(), c.head_rank) << c.name << ": head_rank is the DCP rank";
   }
