@@ -4,6 +4,7 @@
 #include <exception>
 #include <fstream>
 #include <iostream>
+#include <memory>
 #include <string>
 
 #include "info.hpp"
@@ -12,6 +13,9 @@
 #include "report.hpp"
 #include "run_options.hpp"
 #include "simulation.hpp"
+#if defined(MLAKIT_WITH_MPI)
+#include "dcp_group.hpp"
+#endif
 
 namespace {
 
@@ -129,11 +133,52 @@ void add_run_options(CLI::App& run, RunOptions& o) {
   run.add_flag("--no-progress", o.no_progress, "no progress output on stderr");
   run.add_flag("--cuda-graphs", o.cuda_graphs,
                "replay decode-only steps as CUDA graphs, one per batch bucket (--device cuda)");
+  run.add_option("--dcp", o.dcp,
+                 "decode context parallelism over W ranks (start under mpirun -np W): each rank "
+                 "serves num_heads / (tp W) heads and holds 1/W of every request's tokens")
+      ->check(at_least(1))
+      ->capture_default_str();
+  run.add_option("--dcp-interleave", o.dcp_interleave,
+                 "with --dcp: consecutive positions a rank takes per turn")
+      ->check(at_least(1))
+      ->capture_default_str();
 }
 
 int run_command(const RunOptions& options) {
-  const mlakit::cli::RunConfig config = mlakit::cli::resolve_run_options(options);
-  const mlakit::cli::RunResult result = mlakit::cli::run_simulation(config);
+  mlakit::cli::RunConfig config = mlakit::cli::resolve_run_options(options);
+#if defined(MLAKIT_WITH_MPI)
+  std::unique_ptr<mlakit::cli::DcpGroup> group;
+  if (config.dcp.enabled()) {
+    group = std::make_unique<mlakit::cli::DcpGroup>(config.dcp.world_size);
+    config.dcp.rank = group->rank();
+    config.dcp_communicator = &group->communicator();
+    config.progress = config.progress && group->rank() == 0;
+  }
+#else
+  if (config.dcp.enabled()) {
+    throw mlakit::Error(mlakit::ErrorCode::kUnsupported,
+                        "--dcp needs a build with MPI (MLAKIT_WITH_MPI); this one has none");
+  }
+#endif
+  mlakit::cli::RunResult result;
+  try {
+    result = mlakit::cli::run_simulation(config);
+  } catch (const std::exception& e) {
+#if defined(MLAKIT_WITH_MPI)
+    // The other ranks may wait in a collective for this one: end the whole job.
+    if (group) group->abort(e, kExitError);
+#endif
+    throw;
+  }
+  bool verify_passed = !config.verify.enabled || result.verify.passed();
+#if defined(MLAKIT_WITH_MPI)
+  if (group) {
+    result.comm_s = group->comm_seconds();
+    result.comm_bytes = group->comm_bytes();
+    verify_passed = group->gather_rank_stats(result, config.scheduler.num_blocks, verify_passed);
+    if (group->rank() != 0) return verify_passed ? 0 : kExitVerifyFailed;  // rank 0 reports
+  }
+#endif
   mlakit::cli::print_summary(std::cout, config, result);
   if (!options.json_path.empty()) {
     std::ofstream out(options.json_path);
@@ -143,8 +188,7 @@ int run_command(const RunOptions& options) {
       return kExitError;
     }
   }
-  if (config.verify.enabled && !result.verify.passed()) return kExitVerifyFailed;
-  return 0;
+  return verify_passed ? 0 : kExitVerifyFailed;
 }
 
 }  // namespace

@@ -83,7 +83,9 @@ nlohmann::json summary_json(const RunConfig& c, const RunResult& r) {
                  {"num_blocks", c.scheduler.num_blocks},
                  {"max_num_seqs", c.scheduler.max_num_seqs},
                  {"max_num_batched_tokens", c.scheduler.max_num_batched_tokens},
-                 {"workspace_tokens", c.workspace_tokens}};
+                 {"workspace_tokens", c.workspace_tokens},
+                 {"dcp", c.dcp.world_size},
+                 {"dcp_interleave", c.dcp.interleave}};
   j["requests"] = {{"total", r.num_requests}, {"finished", s.finished}};
   j["steps"] = {{"total", s.steps}, {"prefill", r.prefill.steps}, {"decode_only", r.decode.steps}};
   j["tokens"] = {{"prefill", s.prompt_tokens},
@@ -123,6 +125,20 @@ nlohmann::json summary_json(const RunConfig& c, const RunResult& r) {
     v["pass"] = r.verify.passed();
   }
   j["verify"] = v;
+  if (c.dcp.enabled()) {
+    nlohmann::json ranks = nlohmann::json::array();
+    for (const RunResult::RankStats& k : r.ranks) {
+      ranks.push_back({{"kv_blocks", k.kv_blocks},
+                       {"peak_blocks", k.peak_blocks_used},
+                       {"comm_s", k.comm_s},
+                       {"verify_pass", k.verify_passed}});
+    }
+    j["dcp"] = {{"world_size", c.dcp.world_size},
+                {"interleave", c.dcp.interleave},
+                {"comm_s", r.comm_s},
+                {"comm_bytes", r.comm_bytes},
+                {"ranks", ranks}};
+  }
   return j;
 }
 
@@ -188,6 +204,22 @@ void print_summary(std::ostream& os, const RunConfig& c, const RunResult& r) {
       100.0 * static_cast<double>(s.peak_blocks_used) / c.scheduler.num_blocks,
       static_cast<double>(r.cache_bytes_per_layer) / mib,
       static_cast<long long>(s.prefix_hit_tokens), static_cast<long long>(r.evictions));
+  if (c.dcp.enabled()) {
+    os << format(
+        "dcp        %lld ranks, interleave %lld: rank 0 spent %.3f s in collectives (%.1f%% of "
+        "forward), sent %.1f MiB\n",
+        static_cast<long long>(c.dcp.world_size), static_cast<long long>(c.dcp.interleave),
+        r.comm_s, r.forward_s() > 0.0 ? 100.0 * r.comm_s / r.forward_s() : 0.0,
+        static_cast<double>(r.comm_bytes) / mib);
+    for (size_t k = 0; k < r.ranks.size(); ++k) {
+      const RunResult::RankStats& rank = r.ranks[k];
+      os << format(
+          "  rank %zu   KV blocks %lld per layer, peak used %lld; collectives %.3f s%s\n", k,
+          static_cast<long long>(rank.kv_blocks), static_cast<long long>(rank.peak_blocks_used),
+          rank.comm_s,
+          c.verify.enabled ? (rank.verify_passed ? "; verify PASS" : "; verify FAIL") : "");
+    }
+  }
   if (c.verify.enabled) {
     os << format(
         "verify     fp64 oracle on %lld heads, every %lld decode-only / %lld prefill "

@@ -53,8 +53,21 @@ RunConfig resolve_run_options(const RunOptions& o) {
     invalid("--tp " + std::to_string(o.tp) + " must divide the " +
             std::to_string(preset.dims.num_heads) + " heads of " + preset.name);
   }
+  // The DCP ranks split the heads as a tensor-parallel group does (each serves its own heads and
+  // holds its share of every request's tokens).
+  if (o.dcp < 1 || (preset.dims.num_heads / o.tp) % o.dcp != 0) {
+    invalid("--dcp " + std::to_string(o.dcp) + " must divide the " +
+            std::to_string(preset.dims.num_heads / o.tp) + " heads of " + preset.name +
+            " per --tp rank");
+  }
+  if (o.dcp_interleave < 1) {
+    invalid("--dcp-interleave must be >= 1, got " + std::to_string(o.dcp_interleave));
+  }
   c.dims = preset.dims;
-  c.dims.num_heads /= o.tp;
+  c.dims.num_heads /= o.tp * o.dcp;
+  c.dcp = DcpConfig{.world_size = o.dcp, .rank = 0, .interleave = o.dcp_interleave};
+  c.scheduler.dcp_world_size = o.dcp;
+  c.scheduler.dcp_interleave = o.dcp_interleave;
   c.scale = preset.scale;
   c.dtype = o.dtype.empty() ? preset.dtype : parse_dtype(o.dtype);
   c.kv_cache_dtype = parse_kv_cache_dtype(o.kv_cache_dtype);
@@ -89,9 +102,10 @@ RunConfig resolve_run_options(const RunOptions& o) {
     c.scheduler.num_blocks = o.num_blocks;
   } else {
     // Auto: room for as many of the largest possible requests as can run at once.
+    // Under DCP the largest share of it (rank 0's).
     const int64_t largest = c.workload.prompt_len.max + c.workload.output_len.max - 1;
-    c.scheduler.num_blocks =
-        std::min(o.max_num_seqs, o.num_requests) * sim::blocks_for(largest, o.block_size);
+    c.scheduler.num_blocks = std::min(o.max_num_seqs, o.num_requests) *
+                             sim::blocks_for(sim::held_tokens(largest, c.scheduler), o.block_size);
   }
   c.workspace_tokens = o.workspace_tokens;
   c.device = parse_device(o.device);
@@ -101,6 +115,9 @@ RunConfig resolve_run_options(const RunOptions& o) {
   if (c.cuda_graphs && !c.device.is_cuda()) {
     invalid("--cuda-graphs needs --device cuda (CUDA graphs replay GPU work), got --device " +
             o.device);
+  }
+  if (o.dcp > 1 && !c.device.is_cpu()) {
+    invalid("--dcp runs its ranks on the CPU (MPI communicator); drop --device " + o.device);
   }
   return c;
 }

@@ -33,6 +33,8 @@ struct RunOptions {
   std::string json_path;
   bool no_progress = false;
   bool cuda_graphs = false;
+  int64_t dcp = 1;             // DCP ranks (the job's MPI ranks); 1: no DCP
+  int64_t dcp_interleave = 1;  // positions a DCP rank takes per turn
 };
 
 // "bf16" / "f16" / "f32" (also "bfloat16", "float16", "float32"); throws on anything else.

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <string>
 
+#include "mlakit/dcp.hpp"
 #include "mlakit/error.hpp"
 
 namespace mlakit::sim {
@@ -29,6 +30,10 @@ int64_t blocks_for(int64_t tokens, int64_t block_size) {
   return (tokens + block_size - 1) / block_size;
 }
 
+int64_t held_tokens(int64_t tokens, const SchedulerConfig& config) {
+  return dcp_local_seq_len(tokens, config.dcp_world_size, /*rank=*/0, config.dcp_interleave);
+}
+
 Scheduler::Scheduler(std::vector<Request> requests, const SchedulerConfig& config)
     : requests_(std::move(requests)),
       config_(config),
@@ -47,7 +52,7 @@ Scheduler::Scheduler(std::vector<Request> requests, const SchedulerConfig& confi
     invalid("--num-blocks must be >= 1, got " + std::to_string(config.num_blocks));
   }
   for (const Request& r : requests_) {
-    const int64_t need = blocks_for(r.total_len(), config.block_size);
+    const int64_t need = blocks_for(held_tokens(r.total_len(), config), config.block_size);
     if (need > config.num_blocks) {
       invalid("the KV cache (" + std::to_string(config.num_blocks) + " blocks of " +
               std::to_string(config.block_size) + " tokens) cannot hold request " +
@@ -70,7 +75,7 @@ bool Scheduler::try_admit(int32_t request) {
   State& s = states_[request];
   // Leading full blocks of the shared prefix that some request already computed.
   std::vector<int32_t> hits;
-  if (r.prefix_id >= 0) {
+  if (r.prefix_id >= 0 && config_.dcp_world_size == 1) {
     for (int64_t i = 0; i < r.shared_prefix_len / config_.block_size; ++i) {
       const auto block = allocator_.cached_prefix_block(r.prefix_id, i);
       if (!block) break;
@@ -79,8 +84,8 @@ bool Scheduler::try_admit(int32_t request) {
   }
   int64_t hits_free = 0;  // hit blocks sitting in the free list leave it when retained
   for (int32_t b : hits) hits_free += allocator_.refcount(b) == 0 ? 1 : 0;
-  const int64_t need =
-      blocks_for(r.total_len(), config_.block_size) - static_cast<int64_t>(hits.size());
+  const int64_t need = blocks_for(held_tokens(r.total_len(), config_), config_.block_size) -
+                       static_cast<int64_t>(hits.size());
   if (allocator_.num_free() - hits_free - reserved_total_ < need) return false;
 
   for (int32_t b : hits) allocator_.retain(b);
@@ -95,7 +100,8 @@ bool Scheduler::try_admit(int32_t request) {
 
 void Scheduler::add_chunk(Step& step, int32_t request, int64_t num_tokens, bool is_prompt) {
   State& s = states_[request];
-  const int64_t needed = blocks_for(s.num_computed + num_tokens, config_.block_size);
+  const int64_t needed =
+      blocks_for(held_tokens(s.num_computed + num_tokens, config_), config_.block_size);
   while (static_cast<int64_t>(s.blocks.size()) < needed) {
     internal_check(s.reserved > 0, "a request outgrew its block reservation");
     s.blocks.push_back(allocator_.allocate());
@@ -153,7 +159,8 @@ void Scheduler::complete(const Step& step) {
     State& s = states_[c.request];
     internal_check(s.num_computed == c.num_computed, "a step was completed twice or out of order");
     s.num_computed += c.num_tokens;
-    if (r.prefix_id >= 0) {  // full prefix blocks computed so far become shareable
+    if (r.prefix_id >= 0 &&
+        config_.dcp_world_size == 1) {  // full prefix blocks computed so far become shareable
       const int64_t full = std::min(s.num_computed, r.shared_prefix_len) / config_.block_size;
       for (int64_t i = 0; i < full; ++i) allocator_.cache_prefix_block(r.prefix_id, i, s.blocks[i]);
     }

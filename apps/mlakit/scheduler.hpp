@@ -28,9 +28,18 @@ struct SchedulerConfig {
   int64_t block_size = 64;
   int64_t max_num_seqs = 8;              // requests running at once
   int64_t max_num_batched_tokens = 512;  // token budget of one step
+  // Decode context parallelism (--dcp): each of dcp_world_size ranks holds its share of every
+  // request's tokens (interleave dcp_interleave) in a cache of num_blocks blocks. Blocks are
+  // counted for the share of rank 0, the largest, so every rank makes the same decisions; the
+  // prefix cache is off (a block of local positions is not a block of the prompt). 1: no DCP.
+  int64_t dcp_world_size = 1;
+  int64_t dcp_interleave = 1;
 };
 
 int64_t blocks_for(int64_t tokens, int64_t block_size);  // ceil(tokens / block_size)
+// Tokens of a request of `tokens` tokens that one rank's cache must hold: all of them without
+// DCP, rank 0's share under DCP.
+int64_t held_tokens(int64_t tokens, const SchedulerConfig& config);
 
 // One request's share of a step: query positions [num_computed, num_computed + num_tokens).
 struct ScheduledChunk {

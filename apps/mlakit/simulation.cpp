@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cmath>
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include "decode_graphs.hpp"
@@ -28,6 +29,8 @@ double seconds_since(Clock::time_point start) {
 // Seeds of the independent random streams derived from --seed (odd constants keep them apart).
 constexpr uint64_t kActivationStream = 0x9e3779b97f4a7c15ull;
 constexpr uint64_t kWeightStream = 0xc2b2ae3d27d4eb4full;
+// Under DCP each rank has its own heads: their weights and queries come from streams of the rank.
+constexpr uint64_t kRankStream = 0x165667b19e3779f9ull;
 
 struct Layer {
   std::unique_ptr<MlaAttention> attention;
@@ -76,6 +79,7 @@ TensorView kv_c_of(const TensorView& kv, int64_t l) { return kv.narrow(1, 0, l);
 TensorView k_pe_of(const TensorView& kv, int64_t l, int64_t r) { return kv.narrow(1, l, r); }
 
 // The ForwardBatch of a step: host arrays as they are, index tensors on the run's device.
+// Under DCP the batch has no slot_mapping: the library derives this rank's slots.
 ForwardBatch to_forward_batch(const sim::StepBatch& batch, const StepBuffers& buf, Device device) {
   const int64_t t = batch.num_tokens(), num_reqs = batch.num_reqs();
   const int64_t width = batch.block_table_width;
@@ -86,8 +90,10 @@ ForwardBatch to_forward_batch(const sim::StepBatch& batch, const StepBuffers& bu
   if (device.is_cpu()) {
     fb.block_table = TensorView::contiguous(const_cast<int32_t*>(batch.block_table.data()),
                                             DType::kI32, {num_reqs, width});
-    fb.slot_mapping =
-        TensorView::contiguous(const_cast<int64_t*>(batch.slot_mapping.data()), DType::kI64, {t});
+    if (!batch.slot_mapping.empty()) {
+      fb.slot_mapping =
+          TensorView::contiguous(const_cast<int64_t*>(batch.slot_mapping.data()), DType::kI64, {t});
+    }
     return fb;
   }
   copy_to_device(buf.block_table_dev, batch.block_table.data(),
@@ -120,7 +126,12 @@ RunResult run_simulation(const RunConfig& c) {
   spec.validate();
   result.cache_bytes_per_layer = spec.num_blocks * spec.block_size * spec.entry_bytes();
   const ForwardScales scales{};  // q_scale = k_scale = 1 (checkpoints without calibrated scales)
-  Verifier verifier(c.verify, spec, c.scale, scales.k_scale, c.num_layers);
+  // Under DCP the oracle's mirror holds every token, in virtual blocks of the global view.
+  const bool dcp = c.dcp.enabled();
+  KvCacheSpec mirror_spec = spec;
+  if (dcp) mirror_spec.num_blocks = result.num_requests * max_blocks_per_request;
+  Verifier verifier(c.verify, mirror_spec, c.scale, scales.k_scale, c.num_layers);
+  const uint64_t rank_stream = dcp ? kRankStream * static_cast<uint64_t>(c.dcp.rank + 1) : 0;
 
   MlaAttentionConfig attention_config;
   attention_config.dims = d;
@@ -133,19 +144,24 @@ RunResult run_simulation(const RunConfig& c) {
   attention_config.max_num_seqs = c.scheduler.max_num_seqs;
   attention_config.max_num_batched_tokens = c.scheduler.max_num_batched_tokens;
   attention_config.device = c.device;
+  attention_config.dcp = c.dcp;
 
   std::vector<Layer> layers(c.num_layers);
   for (int64_t i = 0; i < c.num_layers; ++i) {
     // kv_b_proj ~ N(0, 1/L): up-projected k_nope and v keep unit variance.
     const Tensor weight = random_matrix(d.num_heads * d.kv_b_out_dim(), d.kv_lora_rank, c.dtype,
                                         1.0 / std::sqrt(static_cast<double>(d.kv_lora_rank)),
-                                        c.workload.seed ^ (kWeightStream + i));
+                                        c.workload.seed ^ (kWeightStream + i) ^ rank_stream);
     layers[i].kv_cache = Tensor::empty(spec.cache_shape(), spec.storage_dtype(), c.device);
-    layers[i].attention = std::make_unique<MlaAttention>(attention_config, weight);
+    layers[i].attention =
+        std::make_unique<MlaAttention>(attention_config, weight, std::nullopt, c.dcp_communicator);
     verifier.set_layer_weight(i, weight);
   }
   StepBuffers buf = make_buffers(c, max_blocks_per_request);
   RandomRows activations(c.dtype, /*stddev=*/1.0, c.workload.seed ^ kActivationStream);
+  // Under DCP the latent (kv) rows are the same on every rank, the queries the rank's own.
+  RandomRows rank_queries(c.dtype, /*stddev=*/1.0,
+                          c.workload.seed ^ kActivationStream ^ rank_stream);
   const RunStream run_stream(c.device);
   const Stream stream = run_stream.get();
   // One workspace for every layer, sized for the scheduler's limits; the profile run commits it.
@@ -162,7 +178,7 @@ RunResult run_simulation(const RunConfig& c) {
       buf.q_host.view().reshape({buf.q_host.size(0), d.num_heads * d.qk_head_dim()});
   // New activations of one layer into the host buffers and, for a GPU, their device twins.
   auto fill_activations = [&](int64_t tokens) {
-    activations.fill(q_host_rows, tokens);
+    (dcp ? rank_queries : activations).fill(q_host_rows, tokens);
     activations.fill(buf.kv_host, tokens);
     if (c.device.is_cpu()) return;
     copy_to_device(buf.q_dev, buf.q_host.data<void>(),
@@ -181,6 +197,9 @@ RunResult run_simulation(const RunConfig& c) {
     const auto step_start = Clock::now();
     const sim::Step step = scheduler.schedule();
     sim::StepBatch batch = sim::make_step_batch(step, scheduler);
+    // What the oracle's mirror addresses: the batch itself, or under DCP its global view.
+    const sim::StepBatch global =
+        dcp ? sim::global_view(batch, max_blocks_per_request, c.scheduler.block_size) : batch;
     const bool graph_step = graphs != nullptr && !step.has_prefill();
     if (graph_step) {
       pad_decode_batch(batch, decode_bucket(batch.num_reqs(), c.scheduler.max_num_seqs),
@@ -203,7 +222,7 @@ RunResult run_simulation(const RunConfig& c) {
         copy_to_host(buf.out_host.data<void>(), out,
                      t * buf.out_host.view().stride(0) * buf.out_host.view().element_size());
       }
-      verifier.check(i, batch, buf.q_host, kv_c_of(buf.kv_host, l), k_pe_of(buf.kv_host, l, r),
+      verifier.check(i, global, buf.q_host, kv_c_of(buf.kv_host, l), k_pe_of(buf.kv_host, l, r),
                      buf.out_host);
       verify_s += seconds_since(verify_start);
     };
@@ -211,7 +230,7 @@ RunResult run_simulation(const RunConfig& c) {
       // Every layer reads this step's one set of activations and writes its own output rows.
       fill_activations(t);
       for (int64_t i = 0; i < c.num_layers; ++i)
-        verifier.record_writes(i, kv_c_of(buf.kv_host, l), k_pe_of(buf.kv_host, l, r), batch);
+        verifier.record_writes(i, kv_c_of(buf.kv_host, l), k_pe_of(buf.kv_host, l, r), global);
       auto graph_out = [&](int64_t i) {
         return buf.graph_out_dev.view().narrow(0, i, 1).reshape(
             {buf.graph_out_dev.size(1), buf.graph_out_dev.size(2)});
@@ -227,7 +246,7 @@ RunResult run_simulation(const RunConfig& c) {
     } else {
       for (int64_t i = 0; i < c.num_layers; ++i) {
         fill_activations(t);
-        verifier.record_writes(i, kv_c_of(buf.kv_host, l), k_pe_of(buf.kv_host, l, r), batch);
+        verifier.record_writes(i, kv_c_of(buf.kv_host, l), k_pe_of(buf.kv_host, l, r), global);
         const auto forward_start = Clock::now();
         forward_layer(i, plan, t, buf.out_dev);
         phase.host_s += seconds_since(forward_start);

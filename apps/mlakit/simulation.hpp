@@ -4,8 +4,10 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "mlakit/config.hpp"
+#include "mlakit/dist.hpp"
 #include "mlakit/types.hpp"
 #include "scheduler.hpp"
 #include "verifier.hpp"
@@ -28,6 +30,10 @@ struct RunConfig {
   VerifyConfig verify;
   bool progress = true;
   bool cuda_graphs = false;  // decode-only steps replayed as CUDA graphs (decode_graphs.hpp)
+  // Decode context parallelism (--dcp): this process is rank dcp.rank of the group; the
+  // communicator (the group's, not owned) is required when dcp.world_size > 1.
+  DcpConfig dcp{};
+  dist::Communicator* dcp_communicator = nullptr;
 };
 
 struct PhaseStats {
@@ -59,6 +65,16 @@ struct RunResult {
   int64_t graph_captures = 0;
   int64_t graph_replays = 0;
   VerifyResult verify;
+  double comm_s = 0.0;     // DCP: time in the communicator's collectives (set by the caller)
+  int64_t comm_bytes = 0;  // DCP: bytes this rank sent through them
+  // DCP: per rank (rank 0's result only): KV blocks of its cache, the most it used, its
+  // communication time, and whether its --verify passed.
+  struct RankStats {
+    int64_t kv_blocks = 0, peak_blocks_used = 0;
+    double comm_s = 0.0;
+    bool verify_passed = true;
+  };
+  std::vector<RankStats> ranks;
 
   double forward_s() const { return prefill.forward_s + decode.forward_s; }
 };

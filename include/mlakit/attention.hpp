@@ -7,6 +7,14 @@
 // the workspace, up-projected, attended non-causally and merged by LSE), run the decode path
 // (absorb W_UK into q, latent MQA over the cache, V up-projection), and write the caller's
 // output. Rows past num_actual_tokens are left untouched.
+//
+// Decode context parallelism (config.dcp.world_size W > 1, docs/dcp.md): the layer is one of the W
+// ranks of a DCP group, each serving its own N query heads and holding its share of every
+// request's tokens in its own cache (block_table and kv_cache are this rank's). forward() then
+// writes only this rank's tokens, gathers the context chunks from all ranks (local gather,
+// all-gather, global token order) and runs the decode of all W N heads over the local keys,
+// combined across the ranks by LSE and reduce-scattered back to this rank's heads. Every rank must
+// run the same steps with the same batch metadata (the collectives pair up).
 #pragma once
 
 #include <cstdint>
@@ -15,6 +23,7 @@
 #include <span>
 
 #include "mlakit/config.hpp"
+#include "mlakit/dist.hpp"
 #include "mlakit/plan.hpp"
 #include "mlakit/step.hpp"
 #include "mlakit/types.hpp"
@@ -26,8 +35,12 @@ class MlaAttention {
  public:
   // kv_b_proj_weight: [N * (P + V), L] host tensor (f32/f16/bf16, or fp8 with scale_inv, see
   // weights.hpp).
+  // communicator: the DCP group's, required when config.dcp.world_size > 1 (its rank, world size
+  // and device must equal config.dcp's and config.device), ignored otherwise. Not owned: it must
+  // outlive the layer. Its collectives run on the stream forward() is given.
   MlaAttention(const MlaAttentionConfig& config, const TensorView& kv_b_proj_weight,
-               const std::optional<TensorView>& kv_b_proj_scale_inv = std::nullopt);
+               const std::optional<TensorView>& kv_b_proj_scale_inv = std::nullopt,
+               dist::Communicator* communicator = nullptr);
   ~MlaAttention();
   MlaAttention(const MlaAttention&) = delete;
   MlaAttention& operator=(const MlaAttention&) = delete;

@@ -36,6 +36,20 @@ const char* kv_cache_dtype_name(KvCacheDType dtype);
 KvCacheDType parse_kv_cache_dtype(std::string_view name);
 bool is_fp8(KvCacheDType dtype);
 
+// Decode context parallelism (DCP; mlakit/dcp.hpp, docs/dcp.md): the KV cache of every request is
+// spread over the W ranks of a DCP group. With interleave I, global position p of a request belongs
+// to rank (p / I) % W. W = 1 (the default) is no DCP.
+struct DcpConfig {
+  int64_t world_size = 1;  // W: ranks sharing every request's tokens
+  int64_t rank = 0;        // this rank, in [0, W)
+  int64_t interleave = 1;  // I: consecutive positions a rank takes per turn (>= 1)
+
+  bool enabled() const { return world_size > 1; }
+  // Throws mlakit::Error unless W >= 1, 0 <= rank < W and I >= 1.
+  void validate() const;
+  bool operator==(const DcpConfig&) const = default;
+};
+
 // How the decode kernel accepts query lengths (spec A.4).
 enum class QueryLenSupport : uint8_t {
   kSingleOnly,  // every decode has q_len 1

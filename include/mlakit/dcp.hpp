@@ -1,6 +1,7 @@
 // Decode context parallelism (DCP): the placement of a request's tokens over the W ranks of a DCP
 // group, and the host-side planning that follows from it (spec A.3, B.7, F-7, F-16..F-18).
-// Pure host code: no device access, no communicator. docs/dcp.md tells the whole story.
+// Pure host code: no device access, no communicator. DcpConfig is in config.hpp, DcpContextChunk
+// in plan.hpp (make_plan plans DCP steps). docs/dcp.md tells the whole story.
 //
 // Placement. With interleave I, global position p of a request belongs to rank (p / I) % W: the
 // positions go round the ranks in runs of I. On its rank, p is local position
@@ -19,15 +20,6 @@
 #include "mlakit/plan.hpp"
 
 namespace mlakit {
-
-struct DcpConfig {
-  int64_t world_size = 1;  // W: ranks sharing every request's tokens
-  int64_t rank = 0;        // this rank, in [0, W)
-  int64_t interleave = 1;  // I: consecutive positions a rank takes per turn (>= 1)
-
-  // Throws mlakit::Error unless W >= 1, 0 <= rank < W and I >= 1.
-  void validate() const;
-};
 
 // Rank owning global position p (>= 0): (p / I) % W.
 inline int64_t dcp_owner_rank(int64_t position, int64_t world_size, int64_t interleave) {
@@ -61,19 +53,8 @@ std::vector<int32_t> dcp_local_seq_lens(std::span<const int32_t> seq_lens, const
 //      (rank k's rows at [k * rows_per_rank, k * rows_per_rank + its local.total_tokens), the
 //      rest of its slot unused),
 //   3. row t of the chunk in global token order is row gathered_row[t] of that buffer.
-struct DcpContextChunk {
-  // The chunk in global positions and global token order: the attention over the chunk uses its
-  // cu_seq_lens / max_seq_len; token_to_seq maps the reorganised rows to prefill requests.
-  ContextChunk global;
-  // This rank's share: starts and seq_lens in local positions of its cache, cu_seq_lens and
-  // token_to_seq over its gather rows [0, local.total_tokens).
-  ContextChunk local;
-  // Rows every rank contributes to the all-gather: the largest local.total_tokens of any rank.
-  int64_t rows_per_rank = 0;
-  // [global.total_tokens] row of the all-gathered [W * rows_per_rank] buffer holding global row t.
-  std::vector<int32_t> gathered_row;
-};
-
+// DcpContextChunk (plan.hpp) holds one chunk.
+//
 // context_lens: [np] context tokens of each prefill request (global positions, >= 0).
 // Plans the chunks of global context (ChunkPolicy as in make_plan) and this rank's share of each.
 // Guarantees, beyond those of the single-rank plan (plan_context_chunks):

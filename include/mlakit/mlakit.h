@@ -138,6 +138,29 @@ MLAKIT_API mlakit_status_t mlakit_merge_attn_states(const DLTensor* output,
                                                     const DLTensor* suffix_lse,
                                                     const DLTensor* output_lse, void* stream);
 
+/* Decode context parallelism (docs/dcp.md): the LSE-corrected combine of W ranks' partial
+ * attention results over disjoint key sets, without a communicator (vLLM's cp_lse_ag_out_rs math):
+ * lse = ln sum_k exp(lse_k), out = sum_k exp(lse_k - lse) out_k, f32 sums in rank order. An LSE of
+ * -inf, NaN or +inf weighs 0 (that rank's out_k is not read); all ranks empty: out 0, lse -inf.
+ * partial_out: [W, T, H, D] f32/f16/bf16; partial_lse_tokens_heads: f32 [W, T, H];
+ * out: [T, H, D] f32/f16/bf16, not overlapping partial_out;
+ * out_lse_tokens_heads: f32 [T, H] or NULL. */
+MLAKIT_API mlakit_status_t mlakit_dcp_lse_combine(const DLTensor* partial_out,
+                                                  const DLTensor* partial_lse_tokens_heads,
+                                                  const DLTensor* out,
+                                                  const DLTensor* out_lse_tokens_heads,
+                                                  void* stream);
+
+/* One rank's half of that combine, before a reduce-scatter (sum) over the ranks (vLLM's
+ * correct_attn_out): corrected[t, k, n, :] = exp(all_lse_tokens_heads[rank, t, h] - lse[t, h])
+ * partial_out[t, h, :] with h = k (H / W) + n, 0 where the weight is 0. partial_out: [T, H, D]
+ * f32/f16/bf16; all_lse_tokens_heads: f32 [W, T, H] (every rank's, e.g. all-gathered); corrected:
+ * [T, W, H / W, D] f32/f16/bf16, not overlapping partial_out. */
+MLAKIT_API mlakit_status_t mlakit_dcp_lse_correct(const DLTensor* partial_out,
+                                                  const DLTensor* all_lse_tokens_heads,
+                                                  int64_t rank, const DLTensor* corrected,
+                                                  void* stream);
+
 /* Static per-tensor fp8 quantization: out = e4m3(clamp(input * (1 / scale), -448, 448)).
  * input: any float dtype; out: fp8 e4m3 or uint8, same shape. */
 MLAKIT_API mlakit_status_t mlakit_scaled_fp8_quant(const DLTensor* input, const DLTensor* out,

@@ -282,4 +282,23 @@ void gather_rows_and_maybe_dequant(const TensorView& src, const TensorView& dst,
                                    const TensorView& row_index, KvCacheDType kv_dtype, float scale,
                                    Stream stream = {});
 
+// The row_index of one DCP context chunk for gather_rows_and_maybe_dequant (DcpContextChunk::
+// gathered_row of plan_dcp_context_chunks), computed where the tensors live, so that a step uploads
+// O(W np) offsets per chunk instead of one index per row. With W = rank_cu_seq_lens.shape[0] and
+// I = interleave, row t of request r (cu_seq_lens[r] <= t < cu_seq_lens[r + 1]) is position
+// p = seq_starts[r] + t - cu_seq_lens[r], held by rank k = (p / I) % W, and
+//   row_index[t] = k * rows_per_rank + rank_cu_seq_lens[k, r]
+//                  + dcp_local_position(p, W, I) - seq_starts[r] / W.
+// Every non-empty piece starts at a multiple of W I, as plan_dcp_context_chunks' do.
+// cu_seq_lens:      i32 [np + 1] the chunk's rows in global token order (0, non-decreasing)
+// seq_starts:       i32 [np] first global position of each request's piece
+// rank_cu_seq_lens: i32 [W, np + 1] row k: rank k's rows of each request in its slice
+// row_index:        i32 [>= num_tokens] (output), num_tokens <= cu_seq_lens[np]
+// A row outside every request or a result outside [0, W rows_per_rank): the CPU throws; the GPU
+// writes -1, which gather_rows_and_maybe_dequant then skips and records.
+void dcp_gathered_rows(const TensorView& cu_seq_lens, const TensorView& seq_starts,
+                       const TensorView& rank_cu_seq_lens, int64_t rows_per_rank,
+                       int64_t interleave, const TensorView& row_index, int64_t num_tokens,
+                       Stream stream = {});
+
 }  // namespace mlakit::ops

@@ -54,6 +54,24 @@ struct ContextChunk {
   int64_t max_seq_len = 0;
 };
 
+// ---- B.7: one context chunk under DCP (mlakit/dcp.hpp, plan_dcp_context_chunks) ----------------
+struct DcpContextChunk {
+  // The chunk in global positions and global token order: the attention over the chunk uses its
+  // cu_seq_lens / max_seq_len; token_to_seq maps the reorganised rows to prefill requests.
+  ContextChunk global;
+  // This rank's share: starts and seq_lens in local positions of its cache, cu_seq_lens and
+  // token_to_seq over its gather rows [0, local.total_tokens).
+  ContextChunk local;
+  // Rows every rank contributes to the all-gather: the largest local.total_tokens of any rank.
+  int64_t rows_per_rank = 0;
+  // [W, np + 1] local.cu_seq_lens of every rank, row-major (row dcp.rank is local.cu_seq_lens):
+  // where each rank's rows of a request sit in its slice of the all-gathered buffer.
+  std::vector<int32_t> rank_cu_seq_lens;
+  // [global.total_tokens] row of the all-gathered [W * rows_per_rank] buffer holding global row t
+  // (ops::dcp_gathered_rows computes the same rows where the tensors live).
+  std::vector<int32_t> gathered_row;
+};
+
 // ---- Decode split-KV schedule -------------------------------------------------------------------
 // How one mla_decode call cuts its requests' keys into pieces computed in parallel and merged by
 // LSE. Two kinds, one per backend family (ops::plan_mla_decode picks the device's):
@@ -123,6 +141,11 @@ struct PlannerConfig {
   int64_t workspace_tokens = 0;  // rows of the gather workspace (> 0)
   ChunkPolicy chunk_policy = ChunkPolicy::kPacked;
   int64_t num_workers = 1;  // parallel workers the decode split-KV schedule targets
+  // Decode context parallelism: with dcp.world_size > 1 the block table is this rank's (its width
+  // bounds the local lengths), decodes are planned over the local lengths with decode_threshold 1
+  // (whatever decode_threshold says: a rank's cache cannot apply the causal mask of several
+  // queries, docs/dcp.md), and the context chunks are plan_dcp_context_chunks'.
+  DcpConfig dcp{};
 };
 
 struct Plan {
@@ -141,12 +164,18 @@ struct Plan {
   std::vector<int32_t> prefill_context_lens;  // [np] seq_len - query_len
   std::vector<ContextChunk> context_chunks;   // empty when no prefill has context
 
+  // DCP only (config.dcp.world_size > 1), empty otherwise:
+  std::vector<int32_t> local_seq_lens;  // [R] dcp_local_seq_lens(seq_lens): what this rank holds
+  // One per context chunk; context_chunks[i] is dcp_context_chunks[i].global.
+  std::vector<DcpContextChunk> dcp_context_chunks;
+
   bool has_context() const { return !context_chunks.empty(); }
 };
 
 // Validates the batch (monotone query_start_loc, 0 <= query_len <= seq_len, seq_len within the
-// block table) and builds the plan. Every chunk satisfies total_tokens <= workspace_tokens and
-// every block-table column it reads is < block_table_width.
+// block table; under DCP this rank's local length within it) and builds the plan. Every chunk
+// satisfies total_tokens <= workspace_tokens and every block-table column it reads is <
+// block_table_width.
 Plan make_plan(const BatchDesc& batch, const PlannerConfig& config);
 
 }  // namespace mlakit

@@ -28,7 +28,8 @@ struct MlaAttentionConfig {
   DType act_dtype = DType::kBF16;
   KvCacheDType kv_cache_dtype = KvCacheDType::kAuto;
   int64_t block_size = 64;
-  int64_t decode_threshold = 1;  // requests with q_len <= threshold and context > 0 decode
+  // Requests with q_len <= threshold and context > 0 decode; 1 under DCP whatever is set here.
+  int64_t decode_threshold = 1;
   QueryLenSupport query_len_support = QueryLenSupport::kVarlen;
   // Gather-workspace rows for context chunks; 0 means B.2 from max_model_len and max_num_seqs,
   // lowered so that one chunk's up-projection [rows, N * (P + V)] stays within 512 MiB (a chunk
@@ -45,6 +46,13 @@ struct MlaAttentionConfig {
   // are not made invariant.
   bool batch_invariant = false;
   Device device{};
+  // Decode context parallelism (docs/dcp.md): this layer is rank dcp.rank of dcp.world_size ranks
+  // sharing every request's tokens with interleave dcp.interleave. W = 1: no DCP (the default).
+  // Under DCP the engine gives each rank its own block table (columns for its local positions),
+  // decodes use decode_threshold 1, context chunks are aligned to lcm(block_size, W I) (a
+  // workspace_tokens set by hand must hold that many rows), and MlaAttention needs the group's
+  // Communicator.
+  DcpConfig dcp{};
 };
 
 // Throws mlakit::Error naming the field for an invalid configuration.
@@ -56,12 +64,18 @@ int64_t context_chunk_rows(const MlaAttentionConfig& config);
 // One forward step's batch. Host arrays drive planning; the views are read by the kernels and
 // must live on the layer's device. The engine owns them; for CUDA-graph replay it keeps the same
 // block_table and slot_mapping buffers and writes the new step's values into them.
+//
+// Under DCP (config.dcp.world_size > 1) seq_lens are the global lengths (equal on every rank),
+// block_table is this rank's table of its local positions (ceil(dcp_local_seq_len / block_size)
+// columns a request), and slot_mapping must be empty: plan_step derives this rank's slot of every
+// token from its position and the block table (ops::dcp_slot_mapping; -1 for the tokens other
+// ranks hold and for padding).
 struct ForwardBatch {
   std::span<const int32_t> query_start_loc;  // host [R + 1], requests reordered decodes-first
   std::span<const int32_t> seq_lens;         // host [R]
   int64_t num_actual_tokens = 0;             // T: tokens to process (padding rows excluded)
   TensorView block_table;                    // i32 [>= R, max_blocks] (rows of padding: any value)
-  TensorView slot_mapping;                   // i64 [>= T]; < 0 skips the cache write
+  TensorView slot_mapping;                   // i64 [>= T]; < 0 skips the cache write (DCP: empty)
 };
 
 // fp8 scales of the layer (spec A.2): k_scale quantizes the whole latent entry, q_scale the

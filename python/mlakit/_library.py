@@ -199,6 +199,8 @@ _STATUS_FUNCTIONS = {
     "mlakit_gather_and_maybe_dequant_cache": [_T, _T, _T, _T, _T, _i64, _i32, _f32, _T, _vp],
     "mlakit_cp_gather_cache": [_T, _T, _T, _T, _i64, _T, _vp],
     "mlakit_merge_attn_states": [_T, _T, _T, _T, _T, _T, _vp],
+    "mlakit_dcp_lse_combine": [_T, _T, _T, _T, _vp],
+    "mlakit_dcp_lse_correct": [_T, _T, _i64, _T, _vp],
     "mlakit_scaled_fp8_quant": [_T, _T, _f32, _vp],
     "mlakit_check_device_errors": [_i32, _i32, _vp],
     "mlakit_mla_decode": [_T, _T, _T, _T, _T, _T, _i64, _f32, _i32, _f32, _f32],

@@ -133,6 +133,34 @@ def merge_attn_states(output, prefix_output, prefix_lse, suffix_output, suffix_l
          stream_of(o, p, pl, s, sl, ol))
 
 
+def dcp_lse_combine(partial_out, partial_lse_tokens_heads, out, out_lse_tokens_heads=None):
+    """Decode context parallelism: combines W ranks' partial attention results over disjoint key
+    sets by their LSEs (vLLM's cp_lse_ag_out_rs math, no communicator; docs/dcp.md):
+    lse = ln sum_k exp(lse_k), out = sum_k exp(lse_k - lse) out_k. A rank whose LSE is -inf,
+    NaN or +inf weighs 0 and its partial is not read; all ranks empty gives out 0, lse -inf.
+
+    partial_out: [W, T, H, D] float32/float16/bfloat16; partial_lse_tokens_heads: float32
+    [W, T, H]; out: [T, H, D] (written); out_lse_tokens_heads: float32 [T, H] (written) or None."""
+    p = describe(partial_out, "partial_out")
+    pl = describe(partial_lse_tokens_heads, "partial_lse_tokens_heads")
+    o = describe(out, "out", writable=True)
+    ol = describe_optional(out_lse_tokens_heads, "out_lse_tokens_heads", writable=True)
+    call("mlakit_dcp_lse_combine", p.ref, pl.ref, o.ref, _ref(ol), stream_of(p, pl, o, ol))
+
+
+def dcp_lse_correct(partial_out, all_lse_tokens_heads, rank, corrected):
+    """One rank's half of dcp_lse_combine, before a reduce-scatter (sum) over the ranks:
+    corrected[t, k, n] = exp(all_lse[rank, t, h] - lse[t, h]) * partial_out[t, h] with
+    h = k * (H / W) + n (heads grouped by the rank that keeps them), 0 where the weight is 0.
+
+    partial_out: [T, H, D]; all_lse_tokens_heads: float32 [W, T, H] (every rank's LSEs);
+    corrected: [T, W, H / W, D] (written)."""
+    p = describe(partial_out, "partial_out")
+    al = describe(all_lse_tokens_heads, "all_lse_tokens_heads")
+    c = describe(corrected, "corrected", writable=True)
+    call("mlakit_dcp_lse_correct", p.ref, al.ref, int(rank), c.ref, stream_of(p, al, c))
+
+
 def static_scaled_fp8_quant(out, input, scale):
     """out = e4m3(clamp(input * (1 / scale), -448, 448)) (vLLM's _C.static_scaled_fp8_quant).
     out: float8_e4m3fn or uint8, the shape of input (written)."""

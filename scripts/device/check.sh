@@ -12,7 +12,7 @@ cd "$(dirname "$0")/../.."
 # NVLink SHARP (multicast) stays off on the lent machines (docs/dcp.md).
 export NCCL_NVLS_ENABLE=0
 # Programs that may skip on a one-GPU machine (they need >= 2 GPUs, or the machine's libnccl).
-MAY_SKIP=" dcp_nccl_test "
+MAY_SKIP=" dcp_nccl_test dcp_nccl_attention_test "
 OUT=${OUT:-/tmp/mlakit-device-check}
 mkdir -p "$OUT"
 LOG="$OUT/check.log"

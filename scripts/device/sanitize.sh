@@ -19,7 +19,7 @@ cd "$(dirname "$0")/../.."
 # NVLink SHARP (multicast) stays off on the lent machines (docs/dcp.md).
 export NCCL_NVLS_ENABLE=0
 # Programs that may skip, as in check.sh: they need >= 2 GPUs, or the machine's libnccl.
-MAY_SKIP=" dcp_nccl_test "
+MAY_SKIP=" dcp_nccl_test dcp_nccl_attention_test "
 OUT=${OUT:-/tmp/mlakit-device-sanitize}
 mkdir -p "$OUT"
 LOG="$OUT/sanitize.log"

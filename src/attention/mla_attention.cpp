@@ -8,6 +8,8 @@
 #include "attention/inputs.hpp"
 #include "attention/step_state.hpp"
 #include "core/check.hpp"
+#include "dist/dcp_context.hpp"
+#include "dist/dcp_decode.hpp"
 #include "mlakit/attention.hpp"
 #include "mlakit/kv_cache.hpp"
 #include "mlakit/ops.hpp"
@@ -86,6 +88,49 @@ MlaAttentionConfig limits_for(const MlaAttentionConfig& c, const ForwardBatch& b
   return l;
 }
 
+// The decode runs of the step: q [Td, H, L + R] over the cache into out [Td, H, L] and lse
+// [Td, H] (H = N, or W N under DCP). Rows of padding tokens after the runs get out 0; with
+// zero_padding_lse also lse 0 (a DCP combine then reads them as equal-weight zeros, i.e. 0).
+void decode_local(const StepPlan::State& s, const TensorView& q, const TensorView& kv_cache,
+                  const TensorView& out, const TensorView& lse, const ops::DecodeParams& params,
+                  bool zero_padding_lse, Stream stream) {
+  const int64_t td = q.shape[0], heads = q.shape[1], e = q.shape[2], l = out.shape[2];
+  const int64_t first_padding = s.runs.first_padding_token;
+  if (first_padding < td) {
+    ops::fill_zero(out.narrow(0, first_padding, td - first_padding), stream);
+    if (zero_padding_lse) ops::fill_zero(lse.narrow(0, first_padding, td - first_padding), stream);
+  }
+  for (const detail::DecodeRun& run : s.runs.runs) {
+    const int64_t reqs = run.num_requests, sq = run.query_len, rows = reqs * sq;
+    ops::mla_decode(q.narrow(0, run.first_token, rows).reshape({reqs, sq, heads, e}), kv_cache,
+                    s.block_table.narrow(0, run.first_request, reqs),
+                    s.seq_lens.narrow(0, run.first_request, reqs),
+                    out.narrow(0, run.first_token, rows).reshape({reqs, sq, heads, l}),
+                    lse.narrow(0, run.first_token, rows).reshape({reqs, sq, heads}), params,
+                    run.schedule, s.buffers.split_ws, stream);
+  }
+}
+
+// One context chunk of a DCP step (docs/dcp.md, "Prefill context"): this rank's entries of the
+// chunk, all-gathered, into `gather` [rows, L + R] in global token order.
+void gather_dcp_chunk(dist::Communicator& comm, const StepPlan::State& s, size_t i,
+                      const TensorView& kv_cache, const TensorView& block_table_p,
+                      const TensorView& gather, float k_scale, Stream stream) {
+  const MlaAttentionConfig& c = s.config;
+  const DcpContextChunk& chunk = s.plan.dcp_context_chunks[i];
+  const int64_t rows = gather.shape[0], exchanged = c.dcp.world_size * chunk.rows_per_rank;
+  const TensorView row_index = s.buffers.row_index.narrow(0, 0, rows);
+  ops::dcp_gathered_rows(s.chunk_cu_seq_lens[i], s.chunk_starts[i], s.chunk_rank_cu_seq_lens[i],
+                         chunk.rows_per_rank, c.dcp.interleave, row_index, rows, stream);
+  // The exchange region holds whole cache entries in the cache's own storage dtype.
+  const TensorView exchange = TensorView::contiguous(s.buffers.exchange.data, kv_cache.dtype,
+                                                     {exchanged, kv_cache.shape[2]}, c.device);
+  dist::dcp_gather_context_chunk(
+      comm, kv_cache, block_table_p,
+      {s.chunk_local_cu_seq_lens[i], s.chunk_local_starts[i], row_index, chunk.rows_per_rank},
+      exchange, gather, c.kv_cache_dtype, k_scale, stream);
+}
+
 bool fits(const MlaAttentionConfig& have, const MlaAttentionConfig& need) {
   return have.max_num_seqs >= need.max_num_seqs &&
          have.max_num_batched_tokens >= need.max_num_batched_tokens &&
@@ -97,14 +142,37 @@ bool fits(const MlaAttentionConfig& have, const MlaAttentionConfig& need) {
 struct MlaAttention::State {
   MlaAttentionConfig config;
   AbsorbedWeights weights;
-  std::unique_ptr<Workspace> own_workspace;  // the single-call form's; grows with the batches
+  std::unique_ptr<Workspace> own_workspace;    // the single-call form's; grows with the batches
+  dist::Communicator* communicator = nullptr;  // the DCP group's (DCP only)
 };
 
+namespace {
+
+// The DCP group's communicator must be the one the configuration describes.
+void check_communicator(const MlaAttentionConfig& c, const dist::Communicator* comm) {
+  constexpr const char* kCtor = "MlaAttention";
+  if (!c.dcp.enabled()) return;
+  require(comm != nullptr, ErrorCode::kInvalidArgument, kCtor, ": dcp.world_size is ",
+          c.dcp.world_size, " but no communicator was given (DCP needs the group's)");
+  require(comm->world_size() == c.dcp.world_size && comm->rank() == c.dcp.rank,
+          ErrorCode::kInvalidArgument, kCtor, ": the communicator is rank ", comm->rank(), " of ",
+          comm->world_size(), ", but the configuration says dcp.rank ", c.dcp.rank,
+          " of dcp.world_size ", c.dcp.world_size);
+  require(comm->device() == c.device, ErrorCode::kInvalidArgument, kCtor,
+          ": the communicator's tensors live on ", device_name(comm->device()), ", the layer's on ",
+          device_name(c.device));
+}
+
+}  // namespace
+
 MlaAttention::MlaAttention(const MlaAttentionConfig& config, const TensorView& kv_b_proj_weight,
-                           const std::optional<TensorView>& kv_b_proj_scale_inv)
+                           const std::optional<TensorView>& kv_b_proj_scale_inv,
+                           dist::Communicator* communicator)
     : state_(std::make_unique<State>()) {
   validate_config(config);
+  check_communicator(config, communicator);
   state_->config = config;
+  if (config.dcp.enabled()) state_->communicator = communicator;
   state_->weights = absorb_kv_b_proj(kv_b_proj_weight, kv_b_proj_scale_inv, config.dims,
                                      config.act_dtype, config.device);
 }
@@ -152,7 +220,8 @@ void MlaAttention::forward(const TensorView& q, const TensorView& kv_c_normed,
           ": the StepPlan is stale: a later plan_step on its workspace overwrote its indices");
   require(detail::same_step_config(c, s.config), ErrorCode::kInvalidArgument, kOp,
           ": the StepPlan was made for another configuration (dims, dtypes, cache format, block "
-          "size, decode threshold, chunking, batch invariance and device must match the layer's)");
+          "size, decode threshold, chunking, batch invariance, device and DCP settings must match "
+          "the layer's)");
   const TensorView k_pe = detail::squeeze_k_pe(kOp, k_pe_in);
   const int64_t tokens = s.num_actual_tokens;
   validate_inputs(c, q, kv_c_normed, k_pe, kv_cache, tokens, output);
@@ -164,6 +233,7 @@ void MlaAttention::forward(const TensorView& q, const TensorView& kv_c_normed,
   }
   const Plan& plan = s.plan;
   const detail::StepBuffers& buf = s.buffers;
+  const bool dcp = c.dcp.enabled();
   const bool needs_cache = plan.split.num_decodes > 0 || plan.has_context();
   require(kv_cache.numel() > 0 || !needs_cache, ErrorCode::kInvalidArgument, kOp,
           ": kv_cache is empty but the batch has ", plan.split.num_decodes, " decode requests and ",
@@ -208,10 +278,15 @@ void MlaAttention::forward(const TensorView& q, const TensorView& kv_c_normed,
       const int64_t rows = chunk.total_tokens;
       const TensorView chunk_cu = s.chunk_cu_seq_lens[i];
       const TensorView gather = buf.gather.narrow(0, 0, rows);
-      ops::fill_token_to_seq(chunk_cu, buf.token_to_seq, rows, stream);
-      ops::gather_and_maybe_dequant_cache(kv_cache, gather, block_table_p, chunk_cu,
-                                          buf.token_to_seq, rows, c.kv_cache_dtype, scales.k_scale,
-                                          s.chunk_starts[i], stream);
+      if (dcp) {
+        gather_dcp_chunk(*state_->communicator, s, i, kv_cache, block_table_p, gather,
+                         scales.k_scale, stream);
+      } else {
+        ops::fill_token_to_seq(chunk_cu, buf.token_to_seq, rows, stream);
+        ops::gather_and_maybe_dequant_cache(kv_cache, gather, block_table_p, chunk_cu,
+                                            buf.token_to_seq, rows, c.kv_cache_dtype,
+                                            scales.k_scale, s.chunk_starts[i], stream);
+      }
       const TensorView kv_up = up_project(gather.narrow(1, 0, l));
       const bool first = i == 0;
       ops::mla_prefill(q_p, kv_up.narrow(2, 0, p), gather.narrow(1, l, r), kv_up.narrow(2, p, v),
@@ -248,29 +323,32 @@ void MlaAttention::forward(const TensorView& q, const TensorView& kv_c_normed,
     ops::batched_matmul(q_d.narrow(2, 0, p).transpose(0, 1), w.w_uk_t,
                         ql.narrow(2, 0, l).transpose(0, 1), stream);
     ops::copy(q_d.narrow(2, p, r), ql.narrow(2, l, r), stream);
-    TensorView q_kernel = ql;
-    if (c.kv_cache_dtype == KvCacheDType::kFp8E4m3) {
-      q_kernel = buf.ql_fp8.narrow(0, 0, td);
-      ops::scaled_fp8_quant(ql, q_kernel, scales.q_scale, stream);
-    }
+    const bool fp8_query = c.kv_cache_dtype == KvCacheDType::kFp8E4m3;
     const ops::DecodeParams params{.scale = c.scale,
                                    .kv_dtype = c.kv_cache_dtype,
                                    .q_scale = scales.q_scale,
                                    .k_scale = scales.k_scale,
                                    .kv_lora_rank = l};
-    const int64_t first_padding = s.runs.first_padding_token;
-    if (first_padding < td) {
-      ops::fill_zero(o_lat.narrow(0, first_padding, td - first_padding), stream);
-    }
-    for (const detail::DecodeRun& run : s.runs.runs) {
-      const int64_t reqs = run.num_requests, sq = run.query_len, rows = reqs * sq;
-      ops::mla_decode(
-          q_kernel.narrow(0, run.first_token, rows).reshape({reqs, sq, n, d.entry_dim()}), kv_cache,
-          s.block_table.narrow(0, run.first_request, reqs),
-          s.seq_lens.narrow(0, run.first_request, reqs),
-          o_lat.narrow(0, run.first_token, rows).reshape({reqs, sq, n, l}),
-          buf.lse.narrow(0, run.first_token, rows).reshape({reqs, sq, n}), params, run.schedule,
-          buf.split_ws, stream);
+    if (!dcp) {
+      TensorView q_kernel = ql;
+      if (fp8_query) {
+        q_kernel = buf.ql_fp8.narrow(0, 0, td);
+        ops::scaled_fp8_quant(ql, q_kernel, scales.q_scale, stream);
+      }
+      decode_local(s, q_kernel, kv_cache, o_lat, buf.lse, params, /*zero_padding_lse=*/false,
+                   stream);
+    } else {
+      // DCP (docs/dcp.md, "Decode"): the queries of all W N heads of the group, each rank's
+      // attention over its own keys, and the LSE-corrected sum back to this rank's N heads.
+      dist::Communicator& comm = *state_->communicator;
+      dist::dcp_gather_queries(comm, ql, buf.gathered_q, buf.q_all,
+                               fp8_query ? std::optional<float>(scales.q_scale) : std::nullopt,
+                               stream);
+      decode_local(s, buf.q_all, kv_cache, buf.partial_out, buf.partial_lse, params,
+                   /*zero_padding_lse=*/true, stream);
+      dist::dcp_combine_heads(comm, buf.partial_out, buf.partial_lse, buf.gathered_lse,
+                              buf.corrected, buf.combined, stream);
+      ops::copy(buf.combined, o_lat, stream);
     }
     // out[t, n * V + :] = o_lat[t, n, :] @ W_UV[n]   ([N, Td, L] @ [N, L, V])
     ops::batched_matmul(o_lat.transpose(0, 1), w.w_uv,

@@ -4,12 +4,14 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <numeric>
 #include <utility>
 #include <vector>
 
 #include "attention/step_state.hpp"
 #include "core/check.hpp"
 #include "core/device_memory.hpp"
+#include "mlakit/dcp.hpp"
 #include "mlakit/kv_cache.hpp"
 #include "mlakit/ops.hpp"
 #include "planner/context_chunks.hpp"
@@ -28,6 +30,14 @@ constexpr const char* kPlanOp = "plan_step";
 constexpr int64_t kChunkUpProjectionBytes = int64_t{512} << 20;
 
 int64_t round_down(int64_t x, int64_t multiple) { return x / multiple * multiple; }
+int64_t round_up(int64_t x, int64_t multiple) { return (x + multiple - 1) / multiple * multiple; }
+
+// Positions of one turn of the DCP ranks (W I), and the alignment of DCP context pieces
+// (lcm(block_size, W I), spec F-18).
+int64_t dcp_turn(const MlaAttentionConfig& c) { return c.dcp.world_size * c.dcp.interleave; }
+int64_t dcp_chunk_alignment(const MlaAttentionConfig& c) {
+  return std::lcm(c.block_size, dcp_turn(c));
+}
 
 }  // namespace
 
@@ -53,6 +63,19 @@ void validate_config(const MlaAttentionConfig& c) {
           c.max_model_len, ", ", c.max_num_seqs, " and ", c.max_num_batched_tokens);
   KvCacheSpec spec{c.dims, c.kv_cache_dtype, c.act_dtype, c.block_size, 0};
   spec.validate();
+  c.dcp.validate();
+  if (!c.dcp.enabled()) return;
+  require(c.dcp.interleave <= std::numeric_limits<int32_t>::max() / c.dcp.world_size,
+          ErrorCode::kInvalidArgument,
+          "MlaAttention: dcp.world_size * dcp.interleave must fit in int32 (positions are int32), "
+          "got ",
+          c.dcp.world_size, " * ", c.dcp.interleave);
+  require(c.workspace_tokens == 0 || c.workspace_tokens >= dcp_chunk_alignment(c),
+          ErrorCode::kInvalidArgument,
+          "MlaAttention: under DCP workspace_tokens must be 0 or hold lcm(block_size, "
+          "dcp.world_size * dcp.interleave) = ",
+          dcp_chunk_alignment(c), " rows (context pieces are aligned to it), got ",
+          c.workspace_tokens);
 }
 
 int64_t context_chunk_rows(const MlaAttentionConfig& c) {
@@ -62,35 +85,60 @@ int64_t context_chunk_rows(const MlaAttentionConfig& c) {
   const int64_t row_bytes = c.dims.num_heads * c.dims.kv_b_out_dim() * dtype_size(c.act_dtype);
   const int64_t budget_rows =
       std::max(c.block_size, round_down(kChunkUpProjectionBytes / row_bytes, c.block_size));
-  return std::min(b2, budget_rows);
+  const int64_t rows = std::min(b2, budget_rows);
+  // Under DCP a chunk holds at least one aligned piece.
+  return c.dcp.enabled() ? std::max(rows, dcp_chunk_alignment(c)) : rows;
 }
 
 namespace detail {
 
 namespace {
 
-// Index entries of the worst step: seq_lens [R], the prefill query offsets [np + 1], and per
-// context chunk its offsets [np + 1] and starts [np], with R, np <= max_num_seqs.
-int64_t metadata_capacity(const MlaAttentionConfig& c) {
-  const int64_t chunks = max_context_chunks(c.max_num_seqs, c.max_model_len - 1, c.block_size,
-                                            context_chunk_rows(c), c.chunk_policy);
-  return c.max_num_seqs + (c.max_num_seqs + 1) + chunks * (2 * c.max_num_seqs + 1);
+// Index entries of one context chunk of np prefill requests: its offsets [np + 1] and starts [np];
+// under DCP also this rank's starts [np] and every rank's offsets [W, np + 1] (this rank's among
+// them).
+int64_t chunk_metadata_ints(const MlaAttentionConfig& c, int64_t np) {
+  const int64_t plain = 2 * np + 1;
+  return c.dcp.enabled() ? plain + np + c.dcp.world_size * (np + 1) : plain;
 }
+
+// Index entries of T tokens' DCP slot derivation: i64 positions (two i32 words each) and the
+// request of each token.
+int64_t dcp_token_metadata_ints(int64_t tokens) { return 3 * tokens; }
+
+// Index entries of the worst step: seq_lens [R], the prefill query offsets [np + 1], the context
+// chunks (R, np <= max_num_seqs) and under DCP the tokens' positions and requests.
+int64_t metadata_capacity(const MlaAttentionConfig& c) {
+  const bool dcp = c.dcp.enabled();
+  // Under DCP contexts are planned padded to whole turns, in pieces of the DCP alignment.
+  const int64_t context = dcp ? round_up(c.max_model_len - 1, dcp_turn(c)) : c.max_model_len - 1;
+  const int64_t chunks =
+      max_context_chunks(c.max_num_seqs, context, dcp ? dcp_chunk_alignment(c) : c.block_size,
+                         context_chunk_rows(c), c.chunk_policy);
+  const int64_t tokens = dcp ? dcp_token_metadata_ints(c.max_num_batched_tokens) : 0;
+  return tokens + c.max_num_seqs + (c.max_num_seqs + 1) +
+         chunks * chunk_metadata_ints(c, c.max_num_seqs);
+}
+
+// Under DCP the decode runs all W N query heads of the group over this rank's keys.
+int64_t decode_heads(const MlaAttentionConfig& c) { return c.dcp.world_size * c.dims.num_heads; }
 
 ops::DecodePlanShape decode_shape(const MlaAttentionConfig& c, int64_t batch, int64_t q_len,
                                   int64_t max_seq_len) {
   return ops::DecodePlanShape{
-      c.device, batch, q_len, c.dims.num_heads, c.block_size, max_seq_len, c.batch_invariant};
+      c.device, batch, q_len, decode_heads(c), c.block_size, max_seq_len, c.batch_invariant};
 }
 
 StepShape worst_shape(const MlaAttentionConfig& c) {
   StepShape s;
+  const int64_t threshold = effective_decode_threshold(c);
   s.metadata_ints = metadata_capacity(c);
+  s.tokens = c.max_num_batched_tokens;
   s.prefill_tokens = c.max_num_batched_tokens;
   s.chunk_rows = c.max_model_len > 1 ? context_chunk_rows(c) : 0;  // context needs 2+ tokens
-  s.decode_tokens = std::min(c.max_num_batched_tokens, c.max_num_seqs * c.decode_threshold);
+  s.decode_tokens = std::min(c.max_num_batched_tokens, c.max_num_seqs * threshold);
   // A decode run of q_len q holds at most decode_tokens / q requests.
-  for (int64_t q = 1; q <= std::min(c.decode_threshold, s.decode_tokens); ++q) {
+  for (int64_t q = 1; q <= std::min(threshold, s.decode_tokens); ++q) {
     const int64_t batch = std::min(c.max_num_seqs, s.decode_tokens / q);
     s.split_elems = std::max(s.split_elems,
                              ops::mla_decode_max_workspace_elems(
@@ -101,11 +149,18 @@ StepShape worst_shape(const MlaAttentionConfig& c) {
 
 }  // namespace
 
+int64_t effective_decode_threshold(const MlaAttentionConfig& c) {
+  return c.dcp.enabled() ? 1 : c.decode_threshold;
+}
+
 StepBuffers carve(Arena& arena, const MlaAttentionConfig& c, const StepShape& s) {
   const MlaDims& d = c.dims;
   const int64_t n = d.num_heads, npv = n * d.kv_b_out_dim();
+  const bool dcp = c.dcp.enabled();
+  const int64_t w = c.dcp.world_size, wn = w * n, e = d.entry_dim(), l = d.kv_lora_rank;
   StepBuffers b;
   b.metadata = arena.take({s.metadata_ints}, DType::kI32);
+  if (dcp) b.dcp_slots = arena.take({s.tokens}, DType::kI64);  // read by every layer's write
   const int64_t phases = arena.mark();
   const int64_t tp = s.prefill_tokens;
   if (tp > 0) {
@@ -116,19 +171,36 @@ StepBuffers carve(Arena& arena, const MlaAttentionConfig& c, const StepShape& s)
       b.part_out = arena.take({tp, n, d.v_head_dim}, DType::kF32);
       b.part_lse = arena.take({n, tp}, DType::kF32);
       b.gather = arena.take({s.chunk_rows, d.entry_dim()}, c.act_dtype);
-      b.token_to_seq = arena.take({s.chunk_rows}, DType::kI32);
+      if (dcp) {
+        const KvCacheSpec spec{d, c.kv_cache_dtype, c.act_dtype, c.block_size, 0};
+        b.exchange = arena.take({s.chunk_rows, spec.entry_bytes()}, DType::kU8);
+        b.row_index = arena.take({s.chunk_rows}, DType::kI32);
+      } else {
+        b.token_to_seq = arena.take({s.chunk_rows}, DType::kI32);
+      }
     }
   }
   arena.rewind(phases);  // the decode phase runs after the prefill phase on the same stream
   const int64_t td = s.decode_tokens;
   if (td > 0) {
-    b.ql = arena.take({td, n, d.entry_dim()}, c.act_dtype);
-    if (c.kv_cache_dtype == KvCacheDType::kFp8E4m3)
-      b.ql_fp8 = arena.take({td, n, d.entry_dim()}, DType::kFp8E4m3);
+    const bool fp8_query = c.kv_cache_dtype == KvCacheDType::kFp8E4m3;
+    b.ql = arena.take({td, n, e}, c.act_dtype);
+    if (fp8_query && !dcp) b.ql_fp8 = arena.take({td, n, e}, DType::kFp8E4m3);
     // In the activation dtype, as the seed's: the V up-projection is then one GEMM of one dtype
     // (no operand conversion, no f32 staging).
-    b.o_lat = arena.take({td, n, d.kv_lora_rank}, c.act_dtype);
-    b.lse = arena.take({td, n}, DType::kF32);
+    b.o_lat = arena.take({td, n, l}, c.act_dtype);
+    if (dcp) {
+      // The partials and their exchange stay f32, so o_lat is rounded once, as without DCP.
+      b.gathered_q = arena.take({w, td, n, e}, c.act_dtype);
+      b.q_all = arena.take({td, wn, e}, fp8_query ? DType::kFp8E4m3 : c.act_dtype);
+      b.partial_out = arena.take({td, wn, l}, DType::kF32);
+      b.partial_lse = arena.take({td, wn}, DType::kF32);
+      b.gathered_lse = arena.take({w, td, wn}, DType::kF32);
+      b.corrected = arena.take({w, td, n, l}, DType::kF32);
+      b.combined = arena.take({td, n, l}, DType::kF32);
+    } else {
+      b.lse = arena.take({td, n}, DType::kF32);
+    }
     b.split_ws = arena.take({s.split_elems}, DType::kF32);
   }
   return b;
@@ -201,7 +273,7 @@ bool same_step_config(const MlaAttentionConfig& a, const MlaAttentionConfig& b) 
          a.kv_cache_dtype == b.kv_cache_dtype && a.block_size == b.block_size &&
          a.decode_threshold == b.decode_threshold && a.query_len_support == b.query_len_support &&
          context_chunk_rows(a) == context_chunk_rows(b) && a.chunk_policy == b.chunk_policy &&
-         a.batch_invariant == b.batch_invariant && a.device == b.device;
+         a.batch_invariant == b.batch_invariant && a.device == b.device && a.dcp == b.dcp;
 }
 
 // The batch's tensors and lengths: what plan_step and MlaAttention::plan check alike.
@@ -210,11 +282,21 @@ void validate_batch_tensors(const char* op, const MlaAttentionConfig& c,
   const int64_t reqs = static_cast<int64_t>(batch.seq_lens.size());
   require(batch.num_actual_tokens >= 0, ErrorCode::kInvalidArgument, op,
           ": num_actual_tokens must be >= 0, got ", batch.num_actual_tokens);
-  check_storage(op, "batch.slot_mapping", batch.slot_mapping);
-  check_ndim(op, "batch.slot_mapping", batch.slot_mapping, 1);
-  check_dtype(op, "batch.slot_mapping", batch.slot_mapping, {DType::kI64});
-  check_min_size(op, "batch.slot_mapping", batch.slot_mapping, 0, batch.num_actual_tokens);
-  check_device(op, "batch.slot_mapping", batch.slot_mapping, c.device);
+  if (c.dcp.enabled()) {
+    const TensorView& slots = batch.slot_mapping;
+    const bool empty = slots.data == nullptr || (slots.ndim > 0 && slots.numel() == 0);
+    require(empty, ErrorCode::kInvalidArgument, op, ": under DCP (dcp.world_size ",
+            c.dcp.world_size,
+            ") the cache slots are derived from the token positions and this rank's block table, "
+            "so batch.slot_mapping must be empty (a default TensorView), got ",
+            slots.ndim > 0 ? slots.numel() : 1, " entries");
+  } else {
+    check_storage(op, "batch.slot_mapping", batch.slot_mapping);
+    check_ndim(op, "batch.slot_mapping", batch.slot_mapping, 1);
+    check_dtype(op, "batch.slot_mapping", batch.slot_mapping, {DType::kI64});
+    check_min_size(op, "batch.slot_mapping", batch.slot_mapping, 0, batch.num_actual_tokens);
+    check_device(op, "batch.slot_mapping", batch.slot_mapping, c.device);
+  }
   check_storage(op, "batch.block_table", batch.block_table);
   check_ndim(op, "batch.block_table", batch.block_table, 2);
   check_dtype(op, "batch.block_table", batch.block_table, {DType::kI32});
@@ -225,11 +307,12 @@ void validate_batch_tensors(const char* op, const MlaAttentionConfig& c,
 PlannerConfig planner_config(const MlaAttentionConfig& c) {
   PlannerConfig pc;
   pc.block_size = c.block_size;
-  pc.decode_threshold = c.decode_threshold;
+  pc.decode_threshold = c.decode_threshold;  // make_plan uses 1 under DCP
   pc.query_len_support = c.query_len_support;
   pc.workspace_tokens = context_chunk_rows(c);
   pc.chunk_policy = c.chunk_policy;
   pc.num_workers = 1;  // Plan::decode_schedule is informative; the step asks the backend
+  pc.dcp = c.dcp;
   return pc;
 }
 
@@ -264,6 +347,35 @@ TensorView append(std::vector<int32_t>& host, const TensorView& metadata,
   return metadata.narrow(0, offset, static_cast<int64_t>(values.size()));
 }
 
+// Appends i64 `values` as pairs of i32 words in memory order, at an even offset of the index
+// region (which starts 256-byte aligned); returns their i64 device view.
+TensorView append_i64(std::vector<int32_t>& host, const TensorView& metadata,
+                      std::span<const int64_t> values) {
+  require(host.size() % 2 == 0, ErrorCode::kInternal, kPlanOp,
+          ": i64 indices must start at an even i32 offset, got ", host.size());
+  const int64_t offset = static_cast<int64_t>(host.size());
+  host.resize(host.size() + 2 * values.size());
+  std::memcpy(host.data() + offset, values.data(), values.size_bytes());
+  return TensorView::contiguous(static_cast<int32_t*>(metadata.data) + offset, DType::kI64,
+                                {static_cast<int64_t>(values.size())}, metadata.device);
+}
+
+// Global position of every token of the step in its request, and the request; -1 for the
+// tokens past the last request (padding), which no cache slot takes.
+void token_positions(const ForwardBatch& batch, std::vector<int64_t>& positions,
+                     std::vector<int32_t>& token_to_req) {
+  const std::span<const int32_t> qsl = batch.query_start_loc;
+  positions.assign(static_cast<size_t>(batch.num_actual_tokens), -1);
+  token_to_req.assign(static_cast<size_t>(batch.num_actual_tokens), -1);
+  for (size_t r = 0; r < batch.seq_lens.size(); ++r) {
+    const int64_t first_position = int64_t{batch.seq_lens[r]} - (qsl[r + 1] - qsl[r]);
+    for (int64_t t = qsl[r]; t < qsl[r + 1]; ++t) {
+      positions[t] = first_position + t - qsl[r];
+      token_to_req[t] = static_cast<int32_t>(r);
+    }
+  }
+}
+
 void sign(std::vector<int64_t>& sig, const TensorView& t) {
   sig.push_back(static_cast<int64_t>(reinterpret_cast<uintptr_t>(t.data)));
   sig.push_back(static_cast<int64_t>(t.dtype));
@@ -275,15 +387,21 @@ void sign(std::vector<int64_t>& sig, const TensorView& t) {
 }
 
 std::vector<int64_t> launch_signature(const StepPlan::State& s) {
-  std::vector<int64_t> sig;
   const Plan& p = s.plan;
-  sig.insert(sig.end(),
-             {s.num_actual_tokens, s.prefill_tokens, p.num_reqs, p.split.num_decodes,
-              p.split.num_prefills, p.split.num_decode_tokens, p.split.num_prefill_tokens,
-              p.prefill_max_query_len, static_cast<int64_t>(p.context_chunks.size()),
-              s.runs.first_padding_token, static_cast<int64_t>(s.runs.runs.size())});
+  std::vector<int64_t> sig = {s.num_actual_tokens,
+                              s.prefill_tokens,
+                              p.num_reqs,
+                              p.split.num_decodes,
+                              p.split.num_prefills,
+                              p.split.num_decode_tokens,
+                              p.split.num_prefill_tokens,
+                              p.prefill_max_query_len,
+                              static_cast<int64_t>(p.context_chunks.size()),
+                              s.runs.first_padding_token,
+                              static_cast<int64_t>(s.runs.runs.size())};
   for (const ContextChunk& chunk : p.context_chunks)
     sig.insert(sig.end(), {chunk.total_tokens, chunk.max_seq_len});
+  for (const DcpContextChunk& chunk : p.dcp_context_chunks) sig.push_back(chunk.rows_per_rank);
   for (const DecodeRun& run : s.runs.runs) {
     const DecodeSchedule& sc = run.schedule;
     const DeviceDecodeSchedule& dev = sc.device;
@@ -294,11 +412,14 @@ std::vector<int64_t> launch_signature(const StepPlan::State& s) {
     sig.insert(sig.end(), sc.split_offsets.begin(), sc.split_offsets.end());
     sig.insert(sig.end(), sc.split_len.begin(), sc.split_len.end());
   }
+  const StepBuffers& b = s.buffers;
   for (const TensorView* t :
-       {&s.block_table, &s.slot_mapping, &s.seq_lens, &s.prefill_query_start_loc,
-        &s.buffers.metadata, &s.buffers.kv_up, &s.buffers.ctx_out, &s.buffers.part_out,
-        &s.buffers.gather, &s.buffers.ql, &s.buffers.ql_fp8, &s.buffers.o_lat,
-        &s.buffers.split_ws}) {
+       {&s.block_table, &s.slot_mapping, &s.seq_lens,  &s.prefill_query_start_loc,
+        &b.metadata,    &b.dcp_slots,    &b.kv_up,     &b.ctx_out,
+        &b.part_out,    &b.gather,       &b.exchange,  &b.row_index,
+        &b.ql,          &b.ql_fp8,       &b.o_lat,     &b.lse,
+        &b.split_ws,    &b.gathered_q,   &b.q_all,     &b.partial_out,
+        &b.partial_lse, &b.gathered_lse, &b.corrected, &b.combined}) {
     sign(sig, *t);
   }
   return sig;
@@ -343,19 +464,26 @@ StepPlan plan_step(const MlaAttentionConfig& config, const ForwardBatch& batch,
   s.prefill_tokens = s.plan.split.num_prefills ? s.plan.prefill_query_start_loc.back() : 0;
   s.block_table = batch.block_table;
   s.slot_mapping = batch.slot_mapping;
+  const bool dcp = c.dcp.enabled();
+  // The lengths this rank's decode reads: under DCP its local share of each request.
+  const std::span<const int32_t> held_lens =
+      dcp ? std::span<const int32_t>(s.plan.local_seq_lens) : batch.seq_lens;
   const int64_t max_seq_len = std::min(batch.block_table.shape[1] * c.block_size, c.max_model_len);
-  s.runs = decode_runs(s.plan, batch.query_start_loc, batch.seq_lens,
-                       [&](std::span<const int32_t> lens, int64_t q_len) {
-                         return ops::plan_mla_decode(
-                             decode_shape(c, static_cast<int64_t>(lens.size()), q_len, max_seq_len),
-                             lens);
-                       });
+  s.runs = decode_runs(
+      s.plan, batch.query_start_loc, held_lens, [&](std::span<const int32_t> lens, int64_t q_len) {
+        return ops::plan_mla_decode(
+            decode_shape(c, static_cast<int64_t>(lens.size()), q_len, max_seq_len), lens);
+      });
 
   StepShape shape;
   for (const ContextChunk& chunk : s.plan.context_chunks) {
     shape.chunk_rows = std::max(shape.chunk_rows, chunk.total_tokens);
-    shape.metadata_ints += 2 * static_cast<int64_t>(chunk.starts.size()) + 1;
+    shape.metadata_ints += chunk_metadata_ints(c, static_cast<int64_t>(chunk.starts.size()));
   }
+  for (const DcpContextChunk& chunk : s.plan.dcp_context_chunks)
+    shape.chunk_rows = std::max(shape.chunk_rows, c.dcp.world_size * chunk.rows_per_rank);
+  shape.tokens = batch.num_actual_tokens;
+  if (dcp) shape.metadata_ints += dcp_token_metadata_ints(shape.tokens);
   shape.metadata_ints +=
       static_cast<int64_t>(batch.seq_lens.size() + s.plan.prefill_query_start_loc.size());
   shape.prefill_tokens = s.prefill_tokens;
@@ -363,7 +491,7 @@ StepPlan plan_step(const MlaAttentionConfig& config, const ForwardBatch& batch,
   for (const DecodeRun& run : s.runs.runs) {
     shape.split_elems = std::max(
         shape.split_elems, ops::mla_decode_workspace_elems(run.schedule, run.query_len,
-                                                           c.dims.num_heads, c.dims.kv_lora_rank));
+                                                           decode_heads(c), c.dims.kv_lora_rank));
   }
   require(shape.metadata_ints <= ws.metadata_capacity, ErrorCode::kInternal, kPlanOp,
           ": the step needs ", shape.metadata_ints, " index entries, the workspace holds ",
@@ -374,14 +502,38 @@ StepPlan plan_step(const MlaAttentionConfig& config, const ForwardBatch& batch,
 
   std::vector<int32_t> host;
   host.reserve(static_cast<size_t>(shape.metadata_ints));
-  s.seq_lens = append(host, s.buffers.metadata, batch.seq_lens);
-  s.prefill_query_start_loc = append(host, s.buffers.metadata, s.plan.prefill_query_start_loc);
-  for (const ContextChunk& chunk : s.plan.context_chunks) {
-    s.chunk_cu_seq_lens.push_back(append(host, s.buffers.metadata, chunk.cu_seq_lens));
-    s.chunk_starts.push_back(append(host, s.buffers.metadata, chunk.starts));
+  const TensorView& metadata = s.buffers.metadata;
+  TensorView positions, token_to_req;
+  if (dcp) {
+    std::vector<int64_t> position_values;
+    std::vector<int32_t> request_values;
+    token_positions(batch, position_values, request_values);
+    positions = append_i64(host, metadata, position_values);  // first: an even offset
+    token_to_req = append(host, metadata, request_values);
   }
-  upload(ws, host, s.buffers.metadata, stream);
+  s.seq_lens = append(host, metadata, held_lens);
+  s.prefill_query_start_loc = append(host, metadata, s.plan.prefill_query_start_loc);
+  for (const ContextChunk& chunk : s.plan.context_chunks) {
+    s.chunk_cu_seq_lens.push_back(append(host, metadata, chunk.cu_seq_lens));
+    s.chunk_starts.push_back(append(host, metadata, chunk.starts));
+  }
+  for (const DcpContextChunk& chunk : s.plan.dcp_context_chunks) {
+    const auto np1 = static_cast<int64_t>(chunk.local.cu_seq_lens.size());
+    const TensorView rank_cu = append(host, metadata, chunk.rank_cu_seq_lens);
+    s.chunk_rank_cu_seq_lens.push_back(rank_cu.reshape({c.dcp.world_size, np1}));
+    s.chunk_local_cu_seq_lens.push_back(rank_cu.narrow(0, c.dcp.rank * np1, np1));
+    s.chunk_local_starts.push_back(append(host, metadata, chunk.local.starts));
+  }
+  require(static_cast<int64_t>(host.size()) == shape.metadata_ints, ErrorCode::kInternal, kPlanOp,
+          ": uploaded ", host.size(), " index entries, counted ", shape.metadata_ints);
+  upload(ws, host, metadata, stream);
   ops::prepare_stream(c.device, stream);  // the layers' forward may then be captured
+  if (dcp) {
+    // This rank's slot of every token (-1: another rank's, or padding), once for every layer.
+    s.slot_mapping = s.buffers.dcp_slots.narrow(0, 0, shape.tokens);
+    ops::dcp_slot_mapping(positions, token_to_req, batch.block_table, c.block_size, c.dcp,
+                          s.slot_mapping, stream);
+  }
   // A decode-only step of one run plans its decode once here, for every layer: its split
   // workspace is not shared with prefill temporaries, and one run uses it alone.
   if (s.prefill_tokens == 0 && s.runs.runs.size() == 1) {

@@ -30,15 +30,19 @@ namespace detail {
 // engine's limits (every buffer size is non-decreasing in each field).
 struct StepShape {
   int64_t metadata_ints = 0;   // i32 index entries uploaded per step
+  int64_t tokens = 0;          // T (DCP: the slots plan_step derives)
   int64_t prefill_tokens = 0;  // Tp
-  int64_t chunk_rows = 0;      // rows of the largest context chunk (0: no context)
-  int64_t decode_tokens = 0;   // Td
-  int64_t split_elems = 0;     // f32 elements of the largest decode run's split workspace
+  // Rows of the largest context chunk (0: no context); under DCP also of its all-gathered entries.
+  int64_t chunk_rows = 0;
+  int64_t decode_tokens = 0;  // Td
+  int64_t split_elems = 0;    // f32 elements of the largest decode run's split workspace
 };
 
 // Temporaries of one step, carved from the workspace.
+// Under DCP (W ranks, docs/dcp.md) the decode runs over all W N heads of the group.
 struct StepBuffers {
-  TensorView metadata;  // i32 [metadata_ints]: the uploaded index arrays
+  TensorView metadata;   // i32 [metadata_ints]: the uploaded index arrays
+  TensorView dcp_slots;  // i64 [T] DCP only: this rank's cache slots, derived by plan_step
   // prefill (with context: context chunks first, then the new tokens)
   TensorView kv_up;         // [max(Tp, chunk rows), N * (P + V)] act: kv_b_proj(kv_c) of either
   TensorView ctx_out;       // [Tp, N, V] f32: context chunks merged so far
@@ -46,16 +50,29 @@ struct StepBuffers {
   TensorView part_out;      // [Tp, N, V] f32: one chunk's result, then the new tokens' result
   TensorView part_lse;      // [N, Tp] f32
   TensorView gather;        // [chunk rows, L + R] act: one chunk's cache entries
-  TensorView token_to_seq;  // i32 [chunk rows]
+  TensorView token_to_seq;  // i32 [chunk rows] (without DCP)
+  TensorView exchange;      // u8 [chunk rows, entry bytes] DCP: one chunk's all-gathered entries
+  TensorView row_index;     // i32 [chunk rows] DCP: ops::dcp_gathered_rows of one chunk
   // decode (shares bytes with the prefill temporaries: the phases follow each other)
   TensorView ql;        // [Td, N, L + R] act
-  TensorView ql_fp8;    // [Td, N, L + R] fp8 (fp8_e4m3 caches only)
+  TensorView ql_fp8;    // [Td, N, L + R] fp8 (fp8_e4m3 caches without DCP)
   TensorView o_lat;     // [Td, N, L] act
-  TensorView lse;       // [Td, N] f32
+  TensorView lse;       // [Td, N] f32 (without DCP)
   TensorView split_ws;  // f32 [split_elems]
+  // decode under DCP
+  TensorView gathered_q;    // [W, Td, N, L + R] act: every rank's absorbed queries
+  TensorView q_all;         // [Td, W N, L + R] act, or fp8 for fp8_e4m3 caches
+  TensorView partial_out;   // [Td, W N, L] f32: all heads over this rank's keys
+  TensorView partial_lse;   // [Td, W N] f32
+  TensorView gathered_lse;  // [W, Td, W N] f32
+  TensorView corrected;     // [W, Td, N, L] f32: this rank's weighted partials, by receiving rank
+  TensorView combined;      // [Td, N, L] f32: this rank's heads over all keys
 };
 
 StepBuffers carve(Arena& arena, const MlaAttentionConfig& config, const StepShape& shape);
+
+// The decode threshold the planner uses: 1 under DCP (PlannerConfig::dcp), else the config's.
+int64_t effective_decode_threshold(const MlaAttentionConfig& config);
 
 // Fields two configurations must share for one workspace, or one StepPlan, to serve both.
 bool same_step_config(const MlaAttentionConfig& a, const MlaAttentionConfig& b);
@@ -74,14 +91,18 @@ struct StepPlan::State {
   detail::DecodeRuns runs;
   int64_t num_actual_tokens = 0;
   int64_t prefill_tokens = 0;  // Tp: real prefill tokens (padding tokens follow them)
-  TensorView block_table;      // i32 [>= R, max_blocks] (the engine's)
-  TensorView slot_mapping;     // i64 [>= T] (the engine's)
+  TensorView block_table;      // i32 [>= R, max_blocks] (the engine's; under DCP this rank's)
+  TensorView slot_mapping;     // i64 [>= T] (the engine's; under DCP buffers.dcp_slots)
 
   // Views into buffers.metadata.
-  TensorView seq_lens;                        // i32 [R]
+  TensorView seq_lens;                        // i32 [R] (under DCP this rank's local lengths)
   TensorView prefill_query_start_loc;         // i32 [np + 1]
-  std::vector<TensorView> chunk_cu_seq_lens;  // i32 [np + 1] per chunk
-  std::vector<TensorView> chunk_starts;       // i32 [np] per chunk
+  std::vector<TensorView> chunk_cu_seq_lens;  // i32 [np + 1] per chunk (global rows)
+  std::vector<TensorView> chunk_starts;       // i32 [np] per chunk (global positions)
+  // DCP, per chunk: this rank's gather (local positions) and every rank's rows.
+  std::vector<TensorView> chunk_local_cu_seq_lens;  // i32 [np + 1]
+  std::vector<TensorView> chunk_local_starts;       // i32 [np]
+  std::vector<TensorView> chunk_rank_cu_seq_lens;   // i32 [W, np + 1]
   detail::StepBuffers buffers;
   int64_t bytes_used = 0;
 

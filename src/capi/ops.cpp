@@ -89,6 +89,39 @@ MLAKIT_API mlakit_status_t mlakit_merge_attn_states(const DLTensor* output,
   });
 }
 
+MLAKIT_API mlakit_status_t mlakit_dcp_lse_combine(const DLTensor* partial_out,
+                                                  const DLTensor* partial_lse_tokens_heads,
+                                                  const DLTensor* out,
+                                                  const DLTensor* out_lse_tokens_heads,
+                                                  void* stream) {
+  constexpr const char* kOp = "dcp_lse_combine";
+  return guarded(kOp, [&] {
+    const std::optional<mlakit::TensorView> out_lse_view =
+        to_optional_view(kOp, "out_lse_tokens_heads", out_lse_tokens_heads);
+    const auto [partial_out_view, partial_lse_view, out_view] =
+        to_views(kOp, {{"partial_out", partial_out},
+                       {"partial_lse_tokens_heads", partial_lse_tokens_heads},
+                       {"out", out}});
+    mlakit::ops::dcp_lse_combine(partial_out_view, partial_lse_view, out_view, out_lse_view,
+                                 Stream{stream});
+  });
+}
+
+MLAKIT_API mlakit_status_t mlakit_dcp_lse_correct(const DLTensor* partial_out,
+                                                  const DLTensor* all_lse_tokens_heads,
+                                                  int64_t rank, const DLTensor* corrected,
+                                                  void* stream) {
+  constexpr const char* kOp = "dcp_lse_correct";
+  return guarded(kOp, [&] {
+    const auto [partial_out_view, all_lse_view, corrected_view] =
+        to_views(kOp, {{"partial_out", partial_out},
+                       {"all_lse_tokens_heads", all_lse_tokens_heads},
+                       {"corrected", corrected}});
+    mlakit::ops::dcp_lse_correct(partial_out_view, all_lse_view, rank, corrected_view,
+                                 Stream{stream});
+  });
+}
+
 MLAKIT_API mlakit_status_t mlakit_scaled_fp8_quant(const DLTensor* input, const DLTensor* out,
                                                    float scale, void* stream) {
   constexpr const char* kOp = "scaled_fp8_quant";

@@ -1,7 +1,8 @@
-// ops::dcp_slot_mapping, ops::dcp_lse_combine, ops::dcp_lse_correct: argument validation
-// (backend independent) and device dispatch.
+// ops::dcp_slot_mapping, ops::dcp_lse_combine, ops::dcp_lse_correct, ops::dcp_gathered_rows:
+// argument validation (backend independent) and device dispatch.
 #include "cpu/dcp.hpp"
 
+#include <limits>
 #include <optional>
 #include <tuple>
 
@@ -21,6 +22,7 @@ using detail::require;
 constexpr const char* kSlotOp = "dcp_slot_mapping";
 constexpr const char* kCombineOp = "dcp_lse_combine";
 constexpr const char* kCorrectOp = "dcp_lse_correct";
+constexpr const char* kRowsOp = "dcp_gathered_rows";
 
 // True when the byte ranges the two views can touch intersect (empty views touch nothing).
 bool views_overlap(const TensorView& a, const TensorView& b) {
@@ -163,6 +165,65 @@ void dcp_lse_correct(const TensorView& partial_out, const TensorView& all_lse_to
 #endif
   }
   cpu::dcp_lse_correct(partial_out, all_lse_tokens_heads, rank, corrected);
+}
+
+void dcp_gathered_rows(const TensorView& cu_seq_lens, const TensorView& seq_starts,
+                       const TensorView& rank_cu_seq_lens, int64_t rows_per_rank,
+                       int64_t interleave, const TensorView& row_index, int64_t num_tokens,
+                       [[maybe_unused]] Stream stream) {
+  const Device device = detail::common_device(kRowsOp, {{"cu_seq_lens", &cu_seq_lens},
+                                                        {"seq_starts", &seq_starts},
+                                                        {"rank_cu_seq_lens", &rank_cu_seq_lens},
+                                                        {"row_index", &row_index}});
+  for (auto [name, t, ndim] :
+       {std::tuple{"cu_seq_lens", &cu_seq_lens, 1}, std::tuple{"seq_starts", &seq_starts, 1},
+        std::tuple{"rank_cu_seq_lens", &rank_cu_seq_lens, 2},
+        std::tuple{"row_index", &row_index, 1}}) {
+    detail::check_storage(kRowsOp, name, *t);
+    detail::check_ndim(kRowsOp, name, *t, ndim);
+    detail::check_dtype(kRowsOp, name, *t, {DType::kI32});
+  }
+  require(cu_seq_lens.shape[0] >= 1, ErrorCode::kInvalidArgument, kRowsOp,
+          ": cu_seq_lens must have np + 1 >= 1 entries, got 0");
+  const int64_t requests = cu_seq_lens.shape[0] - 1;
+  detail::check_size(kRowsOp, "seq_starts", seq_starts, 0, requests);
+  require(rank_cu_seq_lens.shape[0] >= 1, ErrorCode::kInvalidArgument, kRowsOp,
+          ": rank_cu_seq_lens.shape[0] (the ranks) must be >= 1, got ", rank_cu_seq_lens.shape[0]);
+  detail::check_size(kRowsOp, "rank_cu_seq_lens", rank_cu_seq_lens, 1, requests + 1);
+  require(rows_per_rank >= 0, ErrorCode::kInvalidArgument, kRowsOp,
+          ": rows_per_rank must be >= 0, got ", rows_per_rank);
+  require(interleave >= 1, ErrorCode::kInvalidArgument, kRowsOp, ": interleave must be >= 1, got ",
+          interleave);
+  require(rank_cu_seq_lens.shape[0] * rows_per_rank <= std::numeric_limits<int32_t>::max(),
+          ErrorCode::kInvalidArgument, kRowsOp,
+          ": the all-gathered rows (rank_cu_seq_lens.shape[0] * rows_per_rank) must fit in int32, "
+          "got ",
+          rank_cu_seq_lens.shape[0], " * ", rows_per_rank);
+  require(num_tokens >= 0, ErrorCode::kInvalidArgument, kRowsOp, ": num_tokens must be >= 0, got ",
+          num_tokens);
+  detail::check_min_size(kRowsOp, "row_index", row_index, 0, num_tokens);
+  if (device.is_cuda()) {
+#ifdef MLAKIT_WITH_CUDA
+    return cuda::dcp_gathered_rows(cu_seq_lens, seq_starts, rank_cu_seq_lens, rows_per_rank,
+                                   interleave, row_index, num_tokens, stream);
+#else
+    detail::unsupported_device(kRowsOp, device);
+#endif
+  }
+  const auto* cu = cu_seq_lens.data_as<const int32_t>();
+  const int64_t stride = cu_seq_lens.strides[0];
+  require(cu[0] == 0, ErrorCode::kInvalidArgument, kRowsOp, ": cu_seq_lens[0] must be 0, got ",
+          cu[0]);
+  for (int64_t b = 0; b < requests; ++b) {
+    require(cu[(b + 1) * stride] >= cu[b * stride], ErrorCode::kInvalidArgument, kRowsOp,
+            ": cu_seq_lens must be non-decreasing, got cu_seq_lens[", b + 1,
+            "] = ", cu[(b + 1) * stride], " < cu_seq_lens[", b, "] = ", cu[b * stride]);
+  }
+  require(cu[requests * stride] >= num_tokens, ErrorCode::kInvalidArgument, kRowsOp,
+          ": cu_seq_lens[np] (", cu[requests * stride], ") must cover num_tokens (", num_tokens,
+          ")");
+  cpu::dcp_gathered_rows(cu_seq_lens, seq_starts, rank_cu_seq_lens, rows_per_rank, interleave,
+                         row_index, num_tokens);
 }
 
 }  // namespace mlakit::ops

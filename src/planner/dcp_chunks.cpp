@@ -83,6 +83,8 @@ DcpContextChunk dcp_chunk(const ContextChunk& padded, std::span<const int32_t> c
   for (int64_t k = 0; k < w; ++k) {
     shares.push_back(local_share(chunk.global, w, k, interleave));
     chunk.rows_per_rank = std::max(chunk.rows_per_rank, shares.back().total_tokens);
+    chunk.rank_cu_seq_lens.insert(chunk.rank_cu_seq_lens.end(), shares.back().cu_seq_lens.begin(),
+                                  shares.back().cu_seq_lens.end());
   }
   chunk.gathered_row.resize(chunk.global.total_tokens);
   for (size_t r = 0; r < num_requests; ++r) {

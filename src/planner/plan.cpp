@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "core/check.hpp"
+#include "mlakit/dcp.hpp"
 #include "planner/context_chunks.hpp"
 
 namespace mlakit {
@@ -49,11 +50,17 @@ void validate_config(const PlannerConfig& config) {
           config.decode_threshold);
   require(config.num_workers >= 1, ErrorCode::kInvalidArgument, kOp,
           ": config.num_workers must be >= 1, got ", config.num_workers);
+  config.dcp.validate();
+}
+
+// Under DCP a rank holds its local share of every request: its block-table row covers that.
+int64_t held_tokens(int64_t seq_len, const DcpConfig& dcp) {
+  return dcp_local_seq_len(seq_len, dcp.world_size, dcp.rank, dcp.interleave);
 }
 
 // query_start_loc and seq_lens agree, every query fits its sequence, every sequence its row of
 // the block table.
-void validate_batch(const BatchDesc& batch, int64_t block_size) {
+void validate_batch(const BatchDesc& batch, int64_t block_size, const DcpConfig& dcp) {
   const std::span<const int32_t> qsl = batch.query_start_loc;
   const int64_t num_reqs = static_cast<int64_t>(batch.seq_lens.size());
   require(static_cast<int64_t>(qsl.size()) == num_reqs + 1, ErrorCode::kInvalidArgument, kOp,
@@ -78,10 +85,13 @@ void validate_batch(const BatchDesc& batch, int64_t block_size) {
             "] must be >= 0, got ", seq_len);
     require(seq_len >= query_len, ErrorCode::kInvalidArgument, kOp, ": seq_lens[", i, "] (",
             seq_len, ") must be >= the query length of request ", i, " (", query_len, ")");
-    const int64_t blocks = (seq_len + block_size - 1) / block_size;
+    const int64_t held = held_tokens(seq_len, dcp);
+    const int64_t blocks = (held + block_size - 1) / block_size;
     require(blocks <= batch.block_table_width, ErrorCode::kOutOfRange, kOp, ": request ", i,
-            " with seq_len ", seq_len, " needs ", blocks, " blocks of block_size ", block_size,
-            ", but block_table_width is ", batch.block_table_width);
+            " with seq_len ", seq_len, dcp.enabled() ? " (" : "",
+            dcp.enabled() ? detail::str_cat(held, " tokens on DCP rank ", dcp.rank, ")") : "",
+            " needs ", blocks, " blocks of block_size ", block_size, ", but block_table_width is ",
+            batch.block_table_width);
   }
 }
 
@@ -103,7 +113,9 @@ int64_t uniform_decode_query_len(std::span<const int32_t> qsl, const SplitCounts
 
 Plan make_plan(const BatchDesc& batch, const PlannerConfig& config) {
   validate_config(config);
-  validate_batch(batch, config.block_size);
+  validate_batch(batch, config.block_size, config.dcp);
+  const bool dcp = config.dcp.enabled();
+  const int64_t decode_threshold = dcp ? 1 : config.decode_threshold;
 
   const std::span<const int32_t> qsl = batch.query_start_loc;
   const std::span<const int32_t> seq_lens = batch.seq_lens;
@@ -113,8 +125,8 @@ Plan make_plan(const BatchDesc& batch, const PlannerConfig& config) {
   Plan plan;
   plan.num_reqs = num_reqs;
   plan.num_actual_tokens = batch.num_actual_tokens;
-  plan.split = split_decodes_and_prefills(qsl, batch.num_actual_tokens, config.decode_threshold,
-                                          require_uniform);
+  plan.split =
+      split_decodes_and_prefills(qsl, batch.num_actual_tokens, decode_threshold, require_uniform);
   const int64_t nd = plan.split.num_decodes;
 
   // Decode part.
@@ -128,8 +140,11 @@ Plan make_plan(const BatchDesc& batch, const PlannerConfig& config) {
           "padded tokens included), got num_decodes ", nd, ", num_decode_tokens ",
           plan.split.num_decode_tokens, " and max decode query length ", plan.max_decode_query_len);
   plan.decode_query_len = std::max<int64_t>(uniform_q, 0);
+  if (dcp) plan.local_seq_lens = dcp_local_seq_lens(seq_lens, config.dcp);
+  const std::span<const int32_t> decode_lens =
+      dcp ? std::span<const int32_t>(plan.local_seq_lens) : seq_lens;
   plan.decode_schedule =
-      plan_decode_splits(seq_lens.first(nd), config.block_size, config.num_workers);
+      plan_decode_splits(decode_lens.first(nd), config.block_size, config.num_workers);
 
   // Prefill part: its queries rebased to 0, its contexts, and the context chunks.
   const int64_t np = plan.split.num_prefills;
@@ -141,8 +156,16 @@ Plan make_plan(const BatchDesc& batch, const PlannerConfig& config) {
     plan.prefill_max_query_len = std::max<int64_t>(plan.prefill_max_query_len, query_len);
     plan.prefill_context_lens[r] = seq_lens[nd + r] - query_len;
   }
-  plan.context_chunks = detail::plan_context_chunks(plan.prefill_context_lens, config.block_size,
-                                                    config.workspace_tokens, config.chunk_policy);
+  if (!dcp) {
+    plan.context_chunks = detail::plan_context_chunks(plan.prefill_context_lens, config.block_size,
+                                                      config.workspace_tokens, config.chunk_policy);
+    return plan;
+  }
+  plan.dcp_context_chunks =
+      plan_dcp_context_chunks(plan.prefill_context_lens, config.block_size, config.workspace_tokens,
+                              config.chunk_policy, config.dcp);
+  for (const DcpContextChunk& chunk : plan.dcp_context_chunks)
+    plan.context_chunks.push_back(chunk.global);
   return plan;
 }
 

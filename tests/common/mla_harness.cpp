@@ -9,6 +9,7 @@
 #include <iostream>
 #include <memory>
 #include <numeric>
+#include <optional>
 #include <string>
 
 #include "common/test_util.hpp"
@@ -186,6 +187,19 @@ E2eResult run_e2e_case(const E2eCase& c) {
   const int64_t bs = c.block_size;
   const double scale = 1.0 / std::sqrt(double(dqk)) * 1.25;  // a model-like, non-default scale
   EXPECT_TRUE(c.step_plan || c.num_layers == 1) << c.name << ": layers share a step plan";
+  // A group of one rank is no DCP (MlaAttention ignores the communicator then).
+  const bool dcp = c.dcp_comm != nullptr && c.head_ranks > 1;
+  const int64_t ranks = c.head_ranks, interleave = dcp ? c.dcp_interleave : 1;
+  if (c.dcp_comm != nullptr) {
+    EXPECT_EQ(c.dcp_comm->world_size(), ranks) << c.name << ": head_ranks is the DCP group size";
+    EXPECT_EQ(c.dcp_comm->rank(), c.head_rank) << c.name << ": head_rank is the DCP rank";
+  }
+  // Placement under DCP (spec A.3), written out here rather than taken from the library: position
+  // pos of a request is held by rank (pos / I) % W, at local position (pos / (W I)) I + pos % I.
+  auto held_here = [&](int64_t pos) { return !dcp || (pos / interleave) % ranks == c.head_rank; };
+  auto local_position = [&](int64_t pos) {
+    return dcp ? pos / (ranks * interleave) * interleave + pos % interleave : pos;
+  };
 
   int32_t max_seq = 1;
   for (int32_t s : c.seq_lens) max_seq = std::max(max_seq, s);
@@ -198,6 +212,9 @@ E2eResult run_e2e_case(const E2eCase& c) {
   const int64_t rows = tokens + c.spare_rows;
   std::vector<int32_t> seq_lens_all = c.seq_lens;
   seq_lens_all.resize(all_reqs, 0);
+  std::vector<int64_t> held(real_reqs, 0);  // tokens of each request in this layer's cache
+  for (int64_t q = 0; q < real_reqs; ++q)
+    for (int64_t pos = 0; pos < c.seq_lens[q]; ++pos) held[q] += held_here(pos) ? 1 : 0;
 
   MlaAttentionConfig cfg;
   cfg.dims = d;
@@ -214,34 +231,40 @@ E2eResult run_e2e_case(const E2eCase& c) {
   cfg.chunk_policy = c.chunk_policy;
   cfg.batch_invariant = c.batch_invariant;
   cfg.device = c.device;
+  if (dcp) cfg.dcp = DcpConfig{.world_size = ranks, .rank = c.head_rank, .interleave = interleave};
 
   // Paged cache layout shared by the layers: block 0 is a null block, blocks are handed out in a
-  // random order, and every byte starts as NaN so that a read of an unwritten slot shows.
+  // random order, and every byte starts as NaN so that a read of an unwritten slot shows. Under
+  // DCP the layer's cache and block table hold only its own tokens, at their local positions.
   int64_t blocks_needed = 0;
-  for (int32_t s : c.seq_lens) blocks_needed += cdiv(s, bs);
+  for (int64_t h : held) blocks_needed += cdiv(h, bs);
   const int64_t num_blocks = blocks_needed + 1 + 3;  // + null block + spares never used
   KvCacheSpec spec{d, c.kv_dtype, c.act_dtype, bs, num_blocks};
   const auto cache_shape = spec.cache_shape();
   std::vector<int32_t> ids(num_blocks - 1);
   std::iota(ids.begin(), ids.end(), 1);
-  std::shuffle(ids.begin(), ids.end(), rng);
+  // Ranks of a head group draw their block orders apart (their caches differ), the model alike.
+  std::mt19937_64 rank_rng = make_rng(c.seed_stream * 1009 + 1 + c.head_rank);
+  std::shuffle(ids.begin(), ids.end(), ranks > 1 ? rank_rng : rng);
   int64_t width = 1;
-  for (int32_t s : c.seq_lens) width = std::max(width, cdiv(s, bs));
+  for (int64_t h : held) width = std::max(width, cdiv(h, bs));
   width += 1;  // an extra column that no valid read may touch
   Tensor block_table = Tensor::empty({all_reqs, width}, DType::kI32);
   std::fill_n(block_table.data<int32_t>(), all_reqs * width, -1);
   int64_t next_id = 0;
   for (int64_t q = 0; q < real_reqs; ++q)
-    for (int64_t b = 0; b < cdiv(c.seq_lens[q], bs); ++b)
+    for (int64_t b = 0; b < cdiv(held[q], bs); ++b)
       block_table.data<int32_t>()[q * width + b] = ids[next_id++];
+  // The slot of a position held here (DESIGN.md: slot = block * block_size + offset).
   auto slot_of = [&](int64_t req, int64_t pos) -> int64_t {
-    return int64_t{block_table.data<int32_t>()[req * width + pos / bs]} * bs + pos % bs;
+    const int64_t local = local_position(pos);
+    return int64_t{block_table.data<int32_t>()[req * width + local / bs]} * bs + local % bs;
   };
   Tensor slot_t = Tensor::empty({tokens}, DType::kI64);
   std::fill_n(slot_t.data<int64_t>(), tokens, -1);
   for (int64_t q = 0; q < real_reqs; ++q) {
     const int64_t ctx = c.seq_lens[q] - c.query_lens[q];
-    for (int64_t j = 0; j < c.query_lens[q]; ++j)
+    for (int64_t j = 0; j < c.query_lens[q] && !dcp; ++j)
       slot_t.data<int64_t>()[qsl[q] + j] = slot_of(q, ctx + j);
   }
   const Tensor block_table_d = on_device(block_table, c.device),
@@ -249,10 +272,13 @@ E2eResult run_e2e_case(const E2eCase& c) {
 
   std::vector<LayerData> layers(static_cast<size_t>(c.num_layers));
   for (LayerData& layer : layers) {
-    // Weights, 1/sqrt(L) so that outputs are O(1) (spec D.1).
-    layer.w = random_values(rng, n * (p + v) * l, 1.0 / std::sqrt(double(l)), c.act_dtype);
-    layer.attn =
-        std::make_unique<MlaAttention>(cfg, tensor_from(layer.w, {n * (p + v), l}, c.act_dtype));
+    // Weights, 1/sqrt(L) so that outputs are O(1) (spec D.1); this layer's rows of the model's.
+    const std::vector<double> model_w =
+        random_values(rng, ranks * n * (p + v) * l, 1.0 / std::sqrt(double(l)), c.act_dtype);
+    layer.w.assign(model_w.begin() + c.head_rank * n * (p + v) * l,
+                   model_w.begin() + (c.head_rank + 1) * n * (p + v) * l);
+    layer.attn = std::make_unique<MlaAttention>(
+        cfg, tensor_from(layer.w, {n * (p + v), l}, c.act_dtype), std::nullopt, c.dcp_comm);
     layer.cache =
         Tensor::empty(std::span<const int64_t>(cache_shape.data(), 3), spec.storage_dtype());
     fill_nan(layer.cache);
@@ -262,7 +288,13 @@ E2eResult run_e2e_case(const E2eCase& c) {
     for (int64_t q = 0; q < real_reqs; ++q) {
       layer.kv_c_full[q] = random_values(rng, c.seq_lens[q] * l, 1.0, c.act_dtype);
       layer.k_pe_full[q] = random_values(rng, c.seq_lens[q] * r, 1.0, c.act_dtype);
-      layer.q_req[q] = random_values(rng, c.query_lens[q] * n * dqk, 1.0, c.act_dtype);
+      // This layer's query heads of the model's [q_len, head_ranks * N, P + R].
+      const std::vector<double> model_q =
+          random_values(rng, c.query_lens[q] * ranks * n * dqk, 1.0, c.act_dtype);
+      for (int64_t j = 0; j < c.query_lens[q]; ++j) {
+        const auto first = model_q.begin() + (j * ranks + c.head_rank) * n * dqk;
+        layer.q_req[q].insert(layer.q_req[q].end(), first, first + n * dqk);
+      }
     }
 
     // Context tokens go into the cache through the library's cache writer.
@@ -270,9 +302,14 @@ E2eResult run_e2e_case(const E2eCase& c) {
     std::vector<int64_t> slots;
     for (int64_t q = 0; q < real_reqs; ++q) {
       const int64_t ctx = c.seq_lens[q] - c.query_lens[q];
-      ctx_kv.insert(ctx_kv.end(), layer.kv_c_full[q].begin(), layer.kv_c_full[q].begin() + ctx * l);
-      ctx_pe.insert(ctx_pe.end(), layer.k_pe_full[q].begin(), layer.k_pe_full[q].begin() + ctx * r);
-      for (int64_t pos = 0; pos < ctx; ++pos) slots.push_back(slot_of(q, pos));
+      for (int64_t pos = 0; pos < ctx; ++pos) {
+        if (!held_here(pos)) continue;
+        const auto kv_row = layer.kv_c_full[q].begin() + pos * l;
+        const auto pe_row = layer.k_pe_full[q].begin() + pos * r;
+        ctx_kv.insert(ctx_kv.end(), kv_row, kv_row + l);
+        ctx_pe.insert(ctx_pe.end(), pe_row, pe_row + r);
+        slots.push_back(slot_of(q, pos));
+      }
     }
     const int64_t ctx_tokens = static_cast<int64_t>(slots.size());
     if (ctx_tokens > 0) {
@@ -319,7 +356,7 @@ E2eResult run_e2e_case(const E2eCase& c) {
   batch.seq_lens = seq_lens_all;
   batch.num_actual_tokens = tokens;
   batch.block_table = block_table_d;
-  batch.slot_mapping = slot_d;
+  if (!dcp) batch.slot_mapping = slot_d;  // DCP: plan_step derives this rank's slots
   const Plan plan = layers[0].attn->plan(batch);
   result.num_decodes = plan.split.num_decodes;
   result.num_prefills = plan.split.num_prefills;
@@ -392,6 +429,7 @@ E2eResult run_e2e_case(const E2eCase& c) {
     EXPECT_TRUE(all_close(layer.output.view().narrow(0, tokens, c.spare_rows), nans, {0, 0}))
         << where << ": rows past num_actual_tokens must stay untouched";
   }
+  result.output = layers[0].output;
   if (std::getenv("MLAKIT_E2E_VERBOSE"))
     std::cerr << c.name << ": max |error| " << result.max_abs_error << "\n";
   return result;

@@ -11,6 +11,7 @@
 
 #include "mlakit/attention.hpp"
 #include "mlakit/config.hpp"
+#include "mlakit/dist.hpp"
 #include "mlakit/types.hpp"
 
 namespace mlakit::test {
@@ -39,11 +40,21 @@ struct E2eCase {
   bool step_plan = false;
   int64_t num_layers = 1;
   bool batch_invariant = false;
+  // The model has head_ranks * N query heads and this layer serves slice head_rank of them (its
+  // rows of kv_b_proj and its query heads); every rank draws the same model and batch from
+  // seed_stream (block orders come from a generator of their own, different on every rank).
+  int64_t head_ranks = 1, head_rank = 0;
+  // Decode context parallelism: the layer is rank head_rank of the DCP group of dcp_comm
+  // (head_ranks ranks, interleave dcp_interleave), holding only its share of every request's
+  // tokens in a cache and block table of its own. Null: no DCP.
+  dist::Communicator* dcp_comm = nullptr;
+  int64_t dcp_interleave = 1;
 };
 
 struct E2eResult {
   int64_t num_decodes = 0, num_prefills = 0, context_chunks = 0;
   double max_abs_error = 0;
+  Tensor output;  // layer 0's output [T + spare rows, N * V], host copy
 };
 
 // A random mixed case for iteration `iter` (small dims, every dtype / cache / block size / chunk

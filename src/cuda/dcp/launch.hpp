@@ -27,4 +27,12 @@ void dcp_lse_combine(const TensorView& partial_out, const TensorView& partial_ls
 void dcp_lse_correct(const TensorView& partial_out, const TensorView& all_lse_tokens_heads,
                      int64_t rank, const TensorView& corrected, Stream stream);
 
+// cu_seq_lens: i32 [np + 1]; seq_starts: i32 [np]; rank_cu_seq_lens: i32 [W, np + 1];
+// row_index: i32 [>= num_tokens]. A row outside every request, or a result outside
+// [0, W rows_per_rank), gets -1 (gather_rows_and_maybe_dequant records it).
+void dcp_gathered_rows(const TensorView& cu_seq_lens, const TensorView& seq_starts,
+                       const TensorView& rank_cu_seq_lens, int64_t rows_per_rank,
+                       int64_t interleave, const TensorView& row_index, int64_t num_tokens,
+                       Stream stream);
+
 }  // namespace mlakit::cuda
