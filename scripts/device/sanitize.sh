@@ -25,7 +25,8 @@ mkdir -p "$OUT"
 LOG="$OUT/sanitize.log"
 TABLE="$OUT/sanitize.md"
 : > "$LOG"
-DEADLINE=$((SECONDS + 480))  # starts no run after 8 min; one run may take RUN_TIMEOUT more
+# Starts no run after SANITIZE_BUDGET_S (default 8 min); one run may take RUN_TIMEOUT more.
+DEADLINE=$((SECONDS + ${SANITIZE_BUDGET_S:-480}))
 RUN_TIMEOUT=150
 TOOLS=${TOOLS:-memcheck racecheck synccheck initcheck}
 
