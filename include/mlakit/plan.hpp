@@ -101,6 +101,8 @@ struct DeviceDecodeSchedule {
   // on the same stream, wrote it (e.g. the first layer of a step for the other layers). The call
   // then skips planning. Wrong use gives wrong results: the orchestrator sets it, not users.
   bool planned_ahead = false;
+
+  bool operator==(const DeviceDecodeSchedule&) const = default;
 };
 
 struct DecodeSchedule {
