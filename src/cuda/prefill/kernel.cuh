@@ -80,11 +80,13 @@ struct Mma<F16> {
 // ---------------------------------------------------------------------------------------
 
 // 8 consecutive elements of a row (element stride `inner`) into 16 bytes of shared memory; zeros
-// when !valid (rows past the request: V must be 0 there, since 0 * NaN is NaN).
+// when !valid (rows past the request: V must be 0 there, since 0 * NaN is NaN). `unread`: the
+// source address a zero-filled copy names and does not read, the tile's first row of the same
+// tensor when it has one (written memory: initcheck does not honour the zero source size).
 __device__ __forceinline__ void load_chunk(uint16_t* dst, const uint16_t* src, int64_t inner,
-                                           bool valid, bool vector_loads, const void* any_global) {
+                                           bool valid, bool vector_loads, const void* unread) {
   if (vector_loads) {
-    cp_async_16(dst, valid ? static_cast<const void*>(src) : any_global, valid ? 16 : 0);
+    cp_async_16(dst, valid ? static_cast<const void*>(src) : unread, valid ? 16 : 0);
     return;
   }
   Pack<uint16_t, kChunk> pack;
@@ -101,7 +103,7 @@ __device__ __forceinline__ void load_q_tile(const PrefillParams& p, SharedStorag
   for (int c = threadIdx.x; c < kBlockM * kChunksPerRow; c += kThreads) {
     const int row = c / kChunksPerRow, col = (c % kChunksPerRow) * kChunk;
     load_chunk(&s.q[row][col], q_rows + row * p.q_stride[0] + col * p.q_stride[2], p.q_stride[2],
-               row < rows_valid, p.vector_loads, p.q);
+               row<rows_valid, p.vector_loads, rows_valid> 0 ? q_rows : p.q);
   }
 }
 
@@ -128,7 +130,12 @@ __device__ __forceinline__ void load_kv_tile(const PrefillParams& p, SharedStora
       src = k_pe + key * p.k_pe_stride[0] + (chunk - kNopeChunks) * kChunk * p.k_pe_stride[1];
       inner = p.k_pe_stride[1];
     }
-    load_chunk(&s.k[stage][row][chunk * kChunk], src, inner, valid, p.vector_loads, p.k_pe);
+    const void* unread = keys_valid <= 0 ? p.k_pe
+                         : chunk < kNopeChunks
+                             ? static_cast<const void*>(k_nope + key0 * p.k_nope_stride[0] +
+                                                        head * p.k_nope_stride[1])
+                             : k_pe + key0 * p.k_pe_stride[0];
+    load_chunk(&s.k[stage][row][chunk * kChunk], src, inner, valid, p.vector_loads, unread);
   }
   constexpr int kVChunks = kHeadDimV / kChunk;  // 16
   for (int c = threadIdx.x; c < kBlockN * kVChunks; c += kThreads) {
@@ -136,7 +143,9 @@ __device__ __forceinline__ void load_kv_tile(const PrefillParams& p, SharedStora
     const int64_t key = key0 + row;
     load_chunk(&s.v[stage][row][col],
                v + key * p.v_stride[0] + head * p.v_stride[1] + col * p.v_stride[2], p.v_stride[2],
-               row < keys_valid, p.vector_loads, p.v);
+               row<keys_valid, p.vector_loads, keys_valid> 0
+                   ? v + key0 * p.v_stride[0] + head * p.v_stride[1]
+                   : p.v);
   }
 }
 

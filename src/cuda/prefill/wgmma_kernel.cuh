@@ -27,19 +27,22 @@ namespace mlakit::cuda::prefill::wgmma {
 
 // kRows rows of kWidth elements into a swizzled tile as 16-byte chunks (8 elements) spread over
 // kThreads threads; rows >= rows_valid are zero-filled (src not read). row_src(row) is the row's
-// first element in global memory.
+// first element in global memory. A zero-filled chunk still names a source address: row 0's when
+// there is one (written memory of the same tensor, so that initcheck, which does not honour the
+// zero source size, has nothing to report), else any_global.
 template <int kThreads, int kRows, int kWidth, class Tile, class RowSrc>
 __device__ __forceinline__ void copy_rows(Tile&& tile, int rows_valid, RowSrc&& row_src,
                                           const void* any_global) {
   constexpr int kChunksPerRow = kWidth / kChunk;
   constexpr int kChunks = kRows * kChunksPerRow;
+  const void* unread = rows_valid > 0 ? static_cast<const void*>(row_src(0)) : any_global;
 #pragma unroll
   for (int i = 0; i < (kChunks + kThreads - 1) / kThreads; ++i) {
     const int c = i * kThreads + threadIdx.x;
     if (kChunks % kThreads != 0 && c >= kChunks) break;
     const int row = c / kChunksPerRow, col = (c % kChunksPerRow) * kChunk;
     const bool valid = row < rows_valid;
-    cp_async_16(&tile(row, col), valid ? static_cast<const void*>(row_src(row) + col) : any_global,
+    cp_async_16(&tile(row, col), valid ? static_cast<const void*>(row_src(row) + col) : unread,
                 valid ? 16 : 0);
   }
 }
