@@ -198,6 +198,9 @@ void MlaAttention::forward(const TensorView& q, const TensorView& kv_c_normed,
     ops::fill_zero(output, stream);
     return;
   }
+  // Checked here under this call's name (plan_step checks the same under its own), before any
+  // workspace is sized from the batch.
+  detail::validate_batch_tensors(kOp, c, *batch);
   const MlaAttentionConfig limits = limits_for(c, *batch);
   if (!state_->own_workspace || !fits(state_->own_workspace->state().config, limits)) {
     state_->own_workspace.reset();  // free the old buffer before taking the larger one

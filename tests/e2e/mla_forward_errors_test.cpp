@@ -110,6 +110,13 @@ TEST_F(ForwardErrors, TooFewRowsForTheTokens) {
   MLAKIT_EXPECT_THROW_MSG(run(), "output.shape[0] must be >= num_actual_tokens");
 }
 
+// The single-call form plans the step itself; its messages still name the call (a fuzz finding).
+TEST_F(ForwardErrors, SlotMappingShorterThanTheTokensNamesForward) {
+  batch_.slot_mapping = slots_.view().narrow(0, 0, tokens_ - 1);
+  MLAKIT_EXPECT_THROW_MSG(run(),
+                          "MlaAttention::forward: batch.slot_mapping.shape[0] must be at least");
+}
+
 TEST_F(ForwardErrors, WorkspaceSmallerThanOneBlock) {
   cfg_.workspace_tokens = 2;  // a block is 4 tokens: no page-aligned chunk fits
   MlaAttention small(cfg_, weight_);
