@@ -63,6 +63,12 @@ void validate_config(const MlaAttentionConfig& c) {
           c.max_model_len, ", ", c.max_num_seqs, " and ", c.max_num_batched_tokens);
   KvCacheSpec spec{c.dims, c.kv_cache_dtype, c.act_dtype, c.block_size, 0};
   spec.validate();
+  // A context chunk holds whole blocks: a smaller gather workspace could never hold one, and no
+  // Workspace could be sized for it.
+  require(c.workspace_tokens == 0 || c.workspace_tokens >= c.block_size,
+          ErrorCode::kInvalidArgument,
+          "MlaAttention: workspace_tokens must be 0 (derive from max_model_len) or >= block_size (",
+          c.block_size, "): a context chunk holds whole blocks, got ", c.workspace_tokens);
   c.dcp.validate();
   if (!c.dcp.enabled()) return;
   require(c.dcp.interleave <= std::numeric_limits<int32_t>::max() / c.dcp.world_size,
