@@ -33,7 +33,8 @@ struct MlaAttentionConfig {
   QueryLenSupport query_len_support = QueryLenSupport::kVarlen;
   // Gather-workspace rows for context chunks; 0 means B.2 from max_model_len and max_num_seqs,
   // lowered so that one chunk's up-projection [rows, N * (P + V)] stays within 512 MiB (a chunk
-  // then holds fewer rows and a long context takes more chunks; the result is the same).
+  // then holds fewer rows and a long context takes more chunks; the result is the same). Set by
+  // hand it must be >= block_size: a chunk holds whole blocks.
   int64_t workspace_tokens = 0;
   // Engine limits: the workspace is sized for the worst step within them (workspace_bytes).
   int64_t max_model_len = 4096;           // tokens of one request (context + new)
