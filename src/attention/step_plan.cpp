@@ -116,8 +116,10 @@ int64_t dcp_token_metadata_ints(int64_t tokens) { return 3 * tokens; }
 // chunks (R, np <= max_num_seqs) and under DCP the tokens' positions and requests.
 int64_t metadata_capacity(const MlaAttentionConfig& c) {
   const bool dcp = c.dcp.enabled();
-  // Under DCP contexts are planned padded to whole turns, in pieces of the DCP alignment.
-  const int64_t context = dcp ? round_up(c.max_model_len - 1, dcp_turn(c)) : c.max_model_len - 1;
+  // A request's context reaches max_model_len when it has no new token (query_len 0 after a
+  // prefill makes it a prefill with context seq_len). Under DCP contexts are planned padded to
+  // whole turns, in pieces of the DCP alignment.
+  const int64_t context = dcp ? round_up(c.max_model_len, dcp_turn(c)) : c.max_model_len;
   const int64_t chunks =
       max_context_chunks(c.max_num_seqs, context, dcp ? dcp_chunk_alignment(c) : c.block_size,
                          context_chunk_rows(c), c.chunk_policy);
@@ -141,7 +143,9 @@ StepShape worst_shape(const MlaAttentionConfig& c) {
   s.metadata_ints = metadata_capacity(c);
   s.tokens = c.max_num_batched_tokens;
   s.prefill_tokens = c.max_num_batched_tokens;
-  s.chunk_rows = c.max_model_len > 1 ? context_chunk_rows(c) : 0;  // context needs 2+ tokens
+  // Any prefill may have context, even at max_model_len 1 (a request with no new token after a
+  // prefill is a prefill whose context is its whole seq_len).
+  s.chunk_rows = context_chunk_rows(c);
   s.decode_tokens = std::min(c.max_num_batched_tokens, c.max_num_seqs * threshold);
   // A decode run of q_len q holds at most decode_tokens / q requests.
   for (int64_t q = 1; q <= std::min(threshold, s.decode_tokens); ++q) {
