@@ -1,19 +1,23 @@
 // The sm90 absorbed-MQA decode kernel with warpgroup MMAs (docs/kernels/decode_sm90.md, "wgmma
-// path"): 64 query rows per CTA over a native 16-bit cache. Work split, copy, q staging, masking,
-// online softmax and outputs are kernel.cuh's (kernel_common.cuh); the two products run on wgmma,
-// which reads both operands from shared memory once per warpgroup instead of once per warp.
+// path"): 64 query rows per CTA over a native 16-bit cache. Work split, copy, q staging, masking
+// and outputs are kernel_common.cuh's; the two products run on wgmma.
 //
-// CTA = 2 warpgroups (256 threads) computing its part's segments of the work plan one after
-// another (kernel.cuh); per 64-key tile t of a segment:
-//   copy    cp.async of tile t + 1 into the other stage, straight into the SW128 operand layout;
-//   scores  S = q K^T: warpgroup g computes keys [32 g, 32 g + 32) of all 64 rows with 36 wgmma
-//           m64n32k16 (q and K K-major in shared memory), f32 accumulators in registers;
-//   softmax scale, mask, tile maxima of the two warpgroups exchanged through shared memory; both
-//           derive the same new max; P (16-bit) into shared memory, K-major SW128;
-//   values  O = O * alpha + P V: warpgroup g owns V columns [256 g, 256 g + 256), 4 wgmma
-//           m64n256k16 with A = P and B = the tile's first 512 columns seen MN-major.
-// Barriers per tile: (1) tile t landed, tile t - 1 and P no longer read; (2) maxima exchanged;
-// (3) P complete. Every wgmma batch is waited for before the next barrier.
+// CTA = 2 warpgroups with their own jobs, computing its part's segments of the work plan one after
+// another; per 64-key tile t of a segment (stage t % 2):
+//   copy warpgroup   cp.async of the tiles, two ahead: tile t + 2 goes into stage t % 2 as soon
+//                    as both warpgroups are done with tile t; signals K_READY(t) when t landed;
+//   score warpgroup  S = q K_t^T with 36 wgmma m64n64k16 (the whole tile: q is read once per
+//                    tile), scale, mask, row max within the quad, online softmax; P (16-bit) over
+//                    the stage's rope columns, which the values never read, and alpha (O's rescale)
+//                    per row; signals P_READY(t);
+//   values           each warpgroup O_g = O_g * alpha + P V_t[:, 256 g : 256 g + 256] (4 wgmma
+//                    m64n256k16); the score warpgroup then signals STAGE_FREE(t).
+// So the score warpgroup's scores of tile t + 1 run beside the copy warpgroup's values of tile t,
+// and no barrier involves more than the hand-off it orders. Named barriers (bar.arrive by the
+// producer side, bar.sync by the consumer side, 256 threads) per stage: K_READY (copy -> score),
+// P_READY (score -> copy), STAGE_FREE (score -> copy). A barrier of stage s is reused two tiles
+// later; between the two uses each side has passed a barrier that the other side's next arrival
+// waits for, so no arrival can run a phase ahead.
 #pragma once
 
 #include <cmath>
@@ -24,6 +28,7 @@
 #include <cute/tensor.hpp>
 #include <type_traits>
 
+#include "cuda/common/named_barrier.cuh"
 #include "cuda/common/wgmma.cuh"
 #include "cuda/decode/sm90/kernel_common.cuh"
 #include "cuda/decode/sm90/params.cuh"
@@ -50,13 +55,12 @@ struct WgmmaLayouts {
   using Vt =
       decltype(cute::composition(Operand{}, cute::make_layout(cute::Shape<cute::Int<kDimV>, Keys>{},
                                                               cute::Stride<Keys, cute::_1>{})));
-  // Both MMAs tile N over the two warpgroups: threads [128 g, 128 g + 128) own N block g.
-  using Warpgroups = cute::Layout<cute::Shape<cute::_1, cute::Int<Cfg::kWarpgroups>, cute::_1>>;
+  // S = q K^T: the score warpgroup computes all 64 keys of all 64 rows (wgmma m64n64k16).
   using MmaS = decltype(cute::make_tiled_mma(
-      cute::GMMA::ss_op_selector<T, T, float,
-                                 cute::Shape<Rows, cute::Int<Cfg::kKeysPerWarpgroup>, cute::_16>,
-                                 cute::GMMA::Major::K, cute::GMMA::Major::K>(),
-      Warpgroups{}));
+      cute::GMMA::ss_op_selector<T, T, float, cute::Shape<Rows, Keys, cute::_16>,
+                                 cute::GMMA::Major::K, cute::GMMA::Major::K>()));
+  // O += P V tiles N over the two warpgroups: threads [128 g, 128 g + 128) own columns block g.
+  using Warpgroups = cute::Layout<cute::Shape<cute::_1, cute::Int<Cfg::kWarpgroups>, cute::_1>>;
   using MmaO = decltype(cute::make_tiled_mma(
       cute::GMMA::ss_op_selector<T, T, float,
                                  cute::Shape<Rows, cute::Int<Cfg::kColsPerWarpgroup>, cute::_16>,
@@ -76,6 +80,15 @@ __device__ __forceinline__ auto rows_by_columns(Frag&& t) {
                                            make_layout(get<0, 0>(l), get<0, 2>(l), get<2>(l))));
 }
 
+// The named barriers of stage `stage` (see the top of the file); ids from 1 (0 is __syncthreads').
+enum DecodeBarrier : int { kKReady = 1, kPReady = 3, kStageFree = 5 };
+__device__ __forceinline__ void barrier_arrive(DecodeBarrier b, int stage) {
+  named_barrier_arrive(b + stage, kThreads);
+}
+__device__ __forceinline__ void barrier_sync(DecodeBarrier b, int stage) {
+  named_barrier_sync(b + stage, kThreads);
+}
+
 // One segment of the CTA's work (make_work_item), as in kernel.cuh's decode_segment. `smem`: the
 // dynamic shared memory rounded up to kBaseAlignment.
 template <class Cfg>
@@ -85,125 +98,154 @@ __device__ __forceinline__ void decode_segment_wgmma(const DecodeKernelParams& p
   using L = WgmmaLayouts<Cfg>;
   using T = typename L::T;
   const int tid = static_cast<int>(threadIdx.x);
-  const int warpgroup = tid / 128;
+  const bool scorer = tid / kWarpgroupThreads == kScoreWarpgroup;
   const bool quad_leader = (tid & 3) == 0;  // the 4 lanes of a quad hold the same two rows
   bool bad = w.bad_seq_len;
 
-  float* row_max_part = reinterpret_cast<float*>(smem + Cfg::kRowMaxOffset);  // [2][64]
-  float* row_sum_part = reinterpret_cast<float*>(smem + Cfg::kRowSumOffset);  // [2][64]
+  float* alpha_of = reinterpret_cast<float*>(smem + Cfg::kAlphaOffset);  // [kStages][64]
+  float* row_sum = reinterpret_cast<float*>(smem + Cfg::kRowSumOffset);  // [64]
+  float* row_max = reinterpret_cast<float*>(smem + Cfg::kRowMaxOffset);  // [64]
   auto stage = [&](int tile) {
     return smem + Cfg::kStageOffset + (tile % Cfg::kStages) * kTileBytes;
   };
   auto smem_t = [](uint8_t* bytes) { return make_smem_ptr(reinterpret_cast<T*>(bytes)); };
 
-  typename L::MmaS mma_s;
   typename L::MmaO mma_o;
-  const auto thr_s = mma_s.get_thread_slice(tid);
   const auto thr_o = mma_o.get_thread_slice(tid);
-  const auto sP = make_tensor(smem_t(smem + Cfg::kPOffset), typename L::P{});  // (64, 64)
-  const auto q_desc =  // (MMA, 1, 36 k blocks)
-      thr_s.partition_fragment_A(make_tensor(smem_t(smem + Cfg::kQOffset), typename L::Operand{}));
-  const auto p_desc = thr_o.partition_fragment_A(sP);  // (MMA, 1, 4 k blocks)
-  auto acc_s = partition_fragment_C(mma_s, Shape<typename L::Rows, typename L::Keys>{});  // 16 f32
-  auto acc_o = partition_fragment_C(mma_o, Shape<typename L::Rows, Int<kDimV>>{});        // 128 f32
+  auto acc_o = partition_fragment_C(mma_o, Shape<typename L::Rows, Int<kDimV>>{});  // 128 f32
   clear(acc_o);
-  // Registers as (2 rows, columns), with the (row, column) each holds.
-  auto s = rows_by_columns(acc_s);
+  // O's registers as (2 rows, columns), with the (row, column) each holds. Every m64nNk16
+  // accumulator gives lane l of warp v of a warpgroup rows 16 v + l / 4 and that + 8, so S (the
+  // score warpgroup's) and O hold the same two rows per thread.
   auto o = rows_by_columns(acc_o);
-  const auto s_coord = rows_by_columns(
-      thr_s.partition_C(make_identity_tensor(Shape<typename L::Rows, typename L::Keys>{})));
   const auto o_coord = rows_by_columns(
       thr_o.partition_C(make_identity_tensor(Shape<typename L::Rows, Int<kDimV>>{})));
-  static_assert(decltype(size<0>(s))::value == 2 && decltype(size<0>(o))::value == 2,
-                "each thread holds two rows of S and O");
+  static_assert(decltype(size<0>(o))::value == 2, "each thread holds two rows of O");
+  const int local_row[2] = {get<0>(o_coord(0, 0)), get<0>(o_coord(1, 0))};
 
-  // The two rows this thread holds (the same in S and O: every m64nNk16 accumulator gives lane l
-  // of warp v of a warpgroup rows 16 v + l / 4 and that + 8), and the end of the keys each sees.
-  int local_row[2], row_end[2];
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    local_row[h] = get<0>(s_coord(h, 0));
-    const int row = w.row0 + local_row[h];
-    row_end[h] =
-        row < p.rows ? min(w.key_end, visible_end(w.seq_len, p.s_q, row / p.num_heads)) : w.key_end;
-  }
-  float m_run[2] = {-INFINITY, -INFINITY};  // running max of the row, log2 units
-  float l_run[2] = {0.0f, 0.0f};            // this thread's share of the running sum
-
-  int next_pages[Cfg::kLoadPasses] = {};  // page ids of the next tile to copy
-  if (w.num_tiles > 0) {
-    start_copies<Cfg>(p, w, stage, next_pages, bad);
-    load_q_tile<Cfg>(p, w, smem + Cfg::kQOffset);  // read after the loop's first barrier
-  }
-
-  for (int t = 0; t < w.num_tiles; ++t) {
-    cp_async_wait<Cfg::kTilesAhead - 1>();  // this thread's copies of tile t have landed
-    fence_shared_for_wgmma();               // its copies and q stores become visible to wgmma
-    __syncthreads();  // (1) everyone's have; tile t - 1 and P are no longer read by anyone
-    continue_copies<Cfg>(p, w, t, stage, next_pages, bad);  // into stage (t + 1) % 2, now free
-
-    // scores
-    const auto k_desc =
-        thr_s.partition_fragment_B(make_tensor(smem_t(stage(t)), typename L::Operand{}));
-    warpgroup_gemm(mma_s, q_desc, k_desc, acc_s, false);
-
-    // scale, mask, tile max of this warpgroup's keys per row
-    const int tile_start = w.key_begin + t * kBlockN;
-    float tile_max[2] = {-INFINITY, -INFINITY};
+  // O = O * alpha + P_t V_t over this warpgroup's columns; alpha[h]: the rescale of row h.
+  auto accumulate_values = [&](int t, const float(&alpha)[2]) {
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       CUTE_UNROLL
-      for (int j = 0; j < size<1>(s); ++j) {
-        const int pos = tile_start + get<1>(s_coord(h, j));
-        const float v = pos < row_end[h] ? s(h, j) * p.score_scale_log2 : -INFINITY;
-        s(h, j) = v;
-        tile_max[h] = fmaxf(tile_max[h], v);
-      }
-      tile_max[h] = quad_max(tile_max[h]);
-      if (quad_leader) row_max_part[warpgroup * Cfg::kBlockM + local_row[h]] = tile_max[h];
+      for (int j = 0; j < size<1>(o); ++j) o(h, j) *= alpha[h];
     }
-    __syncthreads();  // (2) both warpgroups' maxima are visible
-
-    // online softmax: new max, rescale of O, probabilities into P
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      float m_use;
-      const float alpha = fold_tile_max<Cfg::kWarpgroups, Cfg::kBlockM>(row_max_part, local_row[h],
-                                                                        m_run[h], l_run[h], m_use);
-      CUTE_UNROLL
-      for (int j = 0; j < size<1>(o); ++j) o(h, j) *= alpha;
-      CUTE_UNROLL
-      for (int j = 0; j < size<1>(s); j += 2) {
-        const float p0 = fast_exp2(s(h, j) - m_use), p1 = fast_exp2(s(h, j + 1) - m_use);
-        l_run[h] += p0 + p1;
-        *reinterpret_cast<uint32_t*>(&sP(local_row[h], get<1>(s_coord(h, j)))) =
-            Cfg::Element::pack(p0, p1);
-      }
-    }
-    fence_shared_for_wgmma();  // this thread's P stores become visible to wgmma
-    __syncthreads();           // (3) P is complete
-
-    // values
+    const auto p_desc = thr_o.partition_fragment_A(  // (MMA, 1, 4 k blocks)
+        make_tensor(smem_t(stage(t) + Cfg::kPInStageOffset), typename L::P{}));
     const auto v_desc = thr_o.partition_fragment_B(make_tensor(smem_t(stage(t)), typename L::Vt{}));
     warpgroup_gemm(mma_o, p_desc, v_desc, acc_o, true);
-  }
-  cp_async_wait<0>();  // no copy may outlive the CTA (only empty groups remain, but be exact)
+  };
 
-  // ---- epilogue: row sums across the quad and the two warpgroups, then rows and LSEs.
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    const float l = quad_sum(l_run[h]);
-    if (quad_leader) row_sum_part[warpgroup * Cfg::kBlockM + local_row[h]] = l;
+  int next_pages[Cfg::kLoadPasses] = {};  // copy warpgroup: page ids of the next tile to copy
+  if (w.num_tiles > 0) {
+    if (!scorer) start_copies<Cfg>(p, w, stage, next_pages, bad);
+    load_q_tile<Cfg>(p, w, smem + Cfg::kQOffset);
+    fence_shared_for_wgmma();  // this thread's q stores become visible to wgmma
   }
-  bad = cta_saw_bad_index(p, bad);
+  __syncthreads();  // q is complete
+
+  float m_run[2] = {-INFINITY, -INFINITY};  // score warpgroup: running max of the row, log2 units
+  float l_run[2] = {0.0f, 0.0f};            // score warpgroup: this thread's share of the row sum
+  if (scorer) {
+    typename L::MmaS mma_s;
+    const auto thr_s = mma_s.get_thread_slice(tid);
+    const auto q_desc =  // (MMA, 1, 36 k blocks)
+        thr_s.partition_fragment_A(
+            make_tensor(smem_t(smem + Cfg::kQOffset), typename L::Operand{}));
+    auto acc_s = partition_fragment_C(mma_s, Shape<typename L::Rows, typename L::Keys>{});  // 32
+    auto s = rows_by_columns(acc_s);
+    const auto s_coord = rows_by_columns(
+        thr_s.partition_C(make_identity_tensor(Shape<typename L::Rows, typename L::Keys>{})));
+    int row_end[2];  // the end of the keys each of the thread's rows sees
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int row = w.row0 + local_row[h];
+      row_end[h] = row < p.rows ? min(w.key_end, visible_end(w.seq_len, p.s_q, row / p.num_heads))
+                                : w.key_end;
+    }
+
+    for (int t = 0; t < w.num_tiles; ++t) {
+      const int st = t % Cfg::kStages;
+      barrier_sync(kKReady, st);  // tile t has landed
+      const auto k_desc =
+          thr_s.partition_fragment_B(make_tensor(smem_t(stage(t)), typename L::Operand{}));
+      warpgroup_gemm(mma_s, q_desc, k_desc, acc_s, false);
+
+      // scale, mask, row max, online softmax; P over the stage's rope columns
+      const int tile_start = w.key_begin + t * kBlockN;
+      const auto sP = make_tensor(smem_t(stage(t) + Cfg::kPInStageOffset), typename L::P{});
+      float alpha[2];
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        float tile_max = -INFINITY;
+        CUTE_UNROLL
+        for (int j = 0; j < size<1>(s); ++j) {
+          const int pos = tile_start + get<1>(s_coord(h, j));
+          const float v = pos < row_end[h] ? s(h, j) * p.score_scale_log2 : -INFINITY;
+          s(h, j) = v;
+          tile_max = fmaxf(tile_max, v);
+        }
+        tile_max = quad_max(tile_max);
+        float m_use;
+        alpha[h] = fold_tile_max<1, 1>(&tile_max, 0, m_run[h], l_run[h], m_use);
+        if (quad_leader) alpha_of[st * Cfg::kBlockM + local_row[h]] = alpha[h];
+        CUTE_UNROLL
+        for (int j = 0; j < size<1>(s); j += 2) {
+          const float p0 = fast_exp2(s(h, j) - m_use), p1 = fast_exp2(s(h, j + 1) - m_use);
+          l_run[h] += p0 + p1;
+          *reinterpret_cast<uint32_t*>(&sP(local_row[h], get<1>(s_coord(h, j)))) =
+              Cfg::Element::pack(p0, p1);
+        }
+      }
+      fence_shared_for_wgmma();  // this thread's P stores become visible to wgmma
+      barrier_arrive(kPReady, st);
+      accumulate_values(t, alpha);
+      barrier_arrive(kStageFree, st);
+    }
+  } else {
+    // Signals K_READY(t + 1) before the values of tile t, so that the scores of tile t + 1 can
+    // run beside them.
+    auto publish_landed = [&](int tile) {
+      fence_shared_for_wgmma();  // this thread's landed copies become visible to wgmma
+      barrier_arrive(kKReady, tile % Cfg::kStages);
+    };
+    if (w.num_tiles > 0) {
+      cp_async_wait<Cfg::kTilesAhead - 1>();  // tile 0 has landed (tile 1 may be in flight)
+      publish_landed(0);
+    }
+    for (int t = 0; t < w.num_tiles; ++t) {
+      const int st = t % Cfg::kStages;
+      if (t + 1 < w.num_tiles) {
+        cp_async_wait<0>();  // tile t + 1, the only group in flight, has landed
+        publish_landed(t + 1);
+      }
+      barrier_sync(kPReady, st);  // P_t and alpha_t are written
+      const float* alpha_t = alpha_of + st * Cfg::kBlockM;
+      accumulate_values(t, {alpha_t[local_row[0]], alpha_t[local_row[1]]});
+      barrier_sync(kStageFree, st);  // the score warpgroup is done with stage st
+      continue_copies<Cfg>(p, w, t, stage, next_pages, bad);  // tile t + 2 into stage st
+    }
+    cp_async_wait<0>();  // no copy may outlive the CTA (only empty groups remain, but be exact)
+  }
+
+  // ---- epilogue: the score warpgroup's row sums and maxima, then rows and LSEs.
+  if (scorer) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const float l = quad_sum(l_run[h]);
+      if (quad_leader) {
+        row_sum[local_row[h]] = l;
+        row_max[local_row[h]] = m_run[h];
+      }
+    }
+  }
+  bad = cta_saw_bad_index(p, bad);  // also publishes row_sum and row_max
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     const int row = w.row0 + local_row[h];
     if (row >= p.rows) continue;
-    float l = 0.0f;
-#pragma unroll
-    for (int g = 0; g < Cfg::kWarpgroups; ++g) l += row_sum_part[g * Cfg::kBlockM + local_row[h]];
-    const RowSink sink = finish_row(p, w, row, l, m_run[h], bad, warpgroup == 0 && quad_leader);
+    const RowSink sink = finish_row(p, w, row, row_sum[local_row[h]], row_max[local_row[h]], bad,
+                                    scorer && quad_leader);
     if (sink.base == nullptr) continue;
     CUTE_UNROLL
     for (int j = 0; j < size<1>(o); j += 2) {

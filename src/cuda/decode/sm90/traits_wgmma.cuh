@@ -26,46 +26,55 @@ __host__ __device__ constexpr uint32_t sw128_k_offset(int row, int chunk) {
                                ((in_block ^ (row % kSwizzleRows)) << 4));
 }
 
+// Warpgroup roles of the wgmma kernel (kernel_wgmma.cuh).
+inline constexpr int kScoreWarpgroup = 0;  // S = q K^T, softmax, P; O columns [0, 256)
+inline constexpr int kCopyWarpgroup = 1;   // the paged copies; O columns [256, 512)
+inline constexpr int kWarpgroupThreads = 128;
+
 template <class Element_>
-struct WgmmaConfig : TileCopy<CacheFormat::kNative> {
+struct WgmmaConfig : TileCopy<CacheFormat::kNative, kWarpgroupThreads> {
   using Element = Element_;  // Bf16Mma or F16Mma
   static constexpr int kBlockM = static_cast<int>(kDecodeRowsLarge);
-  static constexpr int kWarpgroups = kThreads / 128;  // 2: a warpgroup is 4 warps
-  // S = q K^T: warpgroup g computes keys [32 g, 32 g + 32) of all 64 rows (wgmma m64n32k16).
-  static constexpr int kKeysPerWarpgroup = kBlockN / kWarpgroups;
+  static constexpr int kWarpgroups = kThreads / kWarpgroupThreads;  // 2
   // O += P V: warpgroup g owns V columns [256 g, 256 g + 256) (wgmma m64n256k16, the widest N).
   static constexpr int kColsPerWarpgroup = kDimV / kWarpgroups;
 
-  // Two stages: one is computed while the next tile's copy is in flight (72 KiB each; a third
-  // does not fit next to the 72 KiB q tile).
+  // Two stages of 72 KiB next to the 72 KiB q tile fill shared memory: the copy warpgroup refills
+  // a stage as soon as both warpgroups are done with its tile, two tiles ahead of the scores.
   static constexpr int kStages = 2;
-  static constexpr int kTilesAhead = kStages - 1;
+  static constexpr int kTilesAhead = kStages;
 
   // ---- Shared memory plan (byte offsets; operand tiles 1024-byte aligned for the swizzle).
-  static constexpr int kQBytes = kBlockM * kRowBytes;           // 72 KiB, [64][576] SW128
-  static constexpr int kPBytes = kBlockM * kPRowBytes;          // 8 KiB, [64][64] SW128
-  static constexpr int kPartBytes = kWarpgroups * kBlockM * 4;  // f32 [warpgroups][64]
-  static constexpr int kStageOffset = 0;                        // [kStages][64][576] SW128
+  static constexpr int kQBytes = kBlockM * kRowBytes;  // 72 KiB, [64][576] SW128
+  // P of a tile is written over its stage's rope columns (576 - 512 = 64 columns, the ninth
+  // 128-byte column block: exactly a [64][64] SW128 tile), which only the scores read.
+  static constexpr int kPInStageOffset = kDimV * 2 / kSwizzleBytes * kBlockN * kSwizzleBytes;
+  static constexpr int kRowStatBytes = kBlockM * 4;  // f32 [64]
+  static constexpr int kStageOffset = 0;             // [kStages][64][576] SW128
   static constexpr int kQOffset = kStageOffset + kStages * kTileBytes;
-  static constexpr int kPOffset = kQOffset + kQBytes;
-  static constexpr int kRowMaxOffset = kPOffset + kPBytes;  // tile max per warpgroup and row
-  static constexpr int kRowSumOffset = kRowMaxOffset + kPartBytes;  // row sum per warpgroup
+  static constexpr int kAlphaOffset =
+      kQOffset + kQBytes;  // f32 [kStages][64]: O's rescale per tile
+  static constexpr int kRowSumOffset = kAlphaOffset + kStages * kRowStatBytes;  // f32 [64]
+  static constexpr int kRowMaxOffset = kRowSumOffset + kRowStatBytes;           // f32 [64]
   // The kernel rounds the dynamic shared-memory base up to the 1024-byte swizzle alignment (the
   // hardware swizzles by absolute address bits), which may skip up to this much.
   static constexpr int kBaseAlignment = 1024;
-  static constexpr int kSmemBytes = kRowSumOffset + kPartBytes + kBaseAlignment;
+  static constexpr int kSmemBytes = kRowMaxOffset + kRowStatBytes + kBaseAlignment;
 
   // Byte offset of 16-byte chunk `chunk` of row `row` in the q tile or a K tile (both 64 rows).
   __host__ __device__ static constexpr uint32_t operand_offset(int row, int chunk) {
     return sw128_k_offset<kBlockM>(row, chunk);
   }
 
+  static_assert(kWarpgroups == 2, "one score and one copy warpgroup");
   static_assert(kBlockM == kBlockN, "q and K tiles share one operand layout (64 rows)");
   static_assert(kBlockM == kDecodeRowsLarge, "tile_shape.hpp's 64-row CTA");
   static_assert(kRowBytes % kSwizzleBytes == 0 && kBlockN * 2 == kSwizzleBytes,
                 "576 columns are whole swizzle blocks; a P row (64 keys) is exactly one");
+  static_assert(kPInStageOffset + kBlockM * kSwizzleBytes == kTileBytes,
+                "P takes exactly the stage's last column block (the rope)");
   static_assert(kTileBytes % kBaseAlignment == 0 && kQOffset % kBaseAlignment == 0 &&
-                    kPOffset % kBaseAlignment == 0,
+                    kPInStageOffset % kBaseAlignment == 0,
                 "SW128 operand tiles start on 1024-byte boundaries");
   static_assert(kSmemBytes <= kSmemLimit, "shared-memory plan exceeds 227 KiB");
 };
