@@ -405,19 +405,20 @@ void write_json(const std::string& path, const std::vector<Row>& rows, const std
 
 }  // namespace
 
-// Usage: bench_gpu_decode [--json PATH] [--commit HASH]
+// Usage: bench_gpu_decode [--json PATH] [--commit HASH] [--only TEXT]
 //   --json    also write the rows as JSON to PATH (bench/results/<date>-h200-decode.json)
 //   --commit  the commit the rows are recorded against (default: $MLAKIT_COMMIT, else "unknown")
+//   --only    run just the rows whose "shape kv" label contains TEXT (e.g. under a profiler)
 int main(int argc, char** argv) {
-  std::string json_path;
+  std::string json_path, only;
   const char* env_commit = std::getenv("MLAKIT_COMMIT");
   std::string commit = env_commit != nullptr ? env_commit : "unknown";
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
-    if ((arg == "--json" || arg == "--commit") && i + 1 < argc) {
-      (arg == "--json" ? json_path : commit) = argv[++i];
+    if ((arg == "--json" || arg == "--commit" || arg == "--only") && i + 1 < argc) {
+      (arg == "--json" ? json_path : arg == "--commit" ? commit : only) = argv[++i];
     } else {
-      std::fprintf(stderr, "usage: bench_gpu_decode [--json PATH] [--commit HASH]\n");
+      std::fprintf(stderr, "usage: bench_gpu_decode [--json PATH] [--commit HASH] [--only TEXT]\n");
       return 2;
     }
   }
@@ -466,7 +467,13 @@ int main(int argc, char** argv) {
     }
   }
   std::vector<Row> rows;
-  for (const Case& c : cases) rows.push_back(run_case(c, ceil, stream));
+  for (const Case& c : cases) {
+    const std::string label = c.shape + (c.batch_invariant ? " batch-invariant " : " ") +
+                              (c.kv_dtype == KvCacheDType::kFp8E4m3 ? "fp8_e4m3" : "bf16");
+    if (label.find(only) != std::string::npos) {
+      rows.push_back(run_case(c, ceil, stream));
+    }
+  }
   cudaStreamDestroy(stream);
   if (!json_path.empty()) write_json(json_path, rows, commit);
   return 0;

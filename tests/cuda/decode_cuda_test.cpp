@@ -285,6 +285,23 @@ TEST(MlaDecodeCuda, SixtyFourRowTilesOverSixteenBitCaches) {
   }
 }
 
+// The wgmma kernel reads pages with TMA boxes: one box per page for block sizes 8, 16 and 32,
+// a 64-slot box of the page for multiples of 64; a block size no box fits (24) takes the mma.sync
+// 64-row kernel. Lengths end mid-tile and mid-page over NaN-poisoned slots.
+TEST(MlaDecodeCuda, SixtyFourRowTilesOverEveryPageShape) {
+  MLAKIT_SKIP_WITHOUT_GPU();
+  uint64_t stream = 280;
+  for (int64_t bs : {8, 32, 128, 192, 24}) {
+    Case c;
+    c.seq_lens = {1000, 130, 0, 64, 2, 127, 200};
+    c.heads = 128;
+    c.s_q = 2;
+    c.block_size = bs;
+    c.out_dtype = DType::kBF16;
+    check_case(c, stream++);
+  }
+}
+
 // Rows per request below and around the 16-row CTA: padding rows and s_q > 1 in one row tile.
 TEST(MlaDecodeCuda, SmallHeadCounts) {
   MLAKIT_SKIP_WITHOUT_GPU();

@@ -144,8 +144,7 @@ __device__ __forceinline__ void load_q_tile(const DecodeKernelParams& p, const W
 
 template <class Cfg>
 __device__ __forceinline__ int key_of_pass(int pass) {
-  const int copy_thread = static_cast<int>(threadIdx.x) % Cfg::kCopyThreads;
-  return copy_thread / Cfg::kThreadsPerKey + pass * Cfg::kKeysPerPass;
+  return static_cast<int>(threadIdx.x) / Cfg::kThreadsPerKey + pass * Cfg::kKeysPerPass;
 }
 
 // Page ids of this thread's keys of tile `tile` (-1 past cta_end: the table is not read there).

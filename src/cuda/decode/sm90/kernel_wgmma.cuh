@@ -4,20 +4,22 @@
 //
 // CTA = 2 warpgroups with their own jobs, computing its part's segments of the work plan one after
 // another; per 64-key tile t of a segment (stage t % 2):
-//   copy warpgroup   cp.async of the tiles, two ahead: tile t + 2 goes into stage t % 2 as soon
-//                    as both warpgroups are done with tile t; signals K_READY(t) when t landed;
-//   score warpgroup  S = q K_t^T with 36 wgmma m64n64k16 (the whole tile: q is read once per
-//                    tile), scale, mask, row max within the quad, online softmax; P (16-bit) over
-//                    the stage's rope columns, which the values never read, and alpha (O's rescale)
-//                    per row; signals P_READY(t);
+//   copy warpgroup   its first thread issues the TMA copies (cache_tensor_map.hpp), two tiles
+//                    ahead: tile t + 2 goes into stage t % 2 as soon as both warpgroups are done
+//                    with tile t, announced on the stage's mbarrier (nobody waits for the copies
+//                    but the score warpgroup, when it needs the tile);
+//   score warpgroup  waits for the stage's mbarrier; zeroes the values of keys past the segment's
+//                    end (last tile); S = q K_t^T with 36 wgmma m64n64k16 (the whole tile: q is
+//                    read once per tile), scale, mask, row max within the quad, online softmax; P
+//                    (16-bit) over the stage's rope columns, which the values never read, and
+//                    alpha (O's rescale) per row; signals P_READY(t);
 //   values           each warpgroup O_g = O_g * alpha + P V_t[:, 256 g : 256 g + 256] (4 wgmma
 //                    m64n256k16); the score warpgroup then signals STAGE_FREE(t).
-// So the score warpgroup's scores of tile t + 1 run beside the copy warpgroup's values of tile t,
-// and no barrier involves more than the hand-off it orders. Named barriers (bar.arrive by the
-// producer side, bar.sync by the consumer side, 256 threads) per stage: K_READY (copy -> score),
-// P_READY (score -> copy), STAGE_FREE (score -> copy). A barrier of stage s is reused two tiles
-// later; between the two uses each side has passed a barrier that the other side's next arrival
-// waits for, so no arrival can run a phase ahead.
+// So the score warpgroup's scores of tile t + 1 run beside the copy warpgroup's values of tile t.
+// Named barriers (bar.arrive by the score side, bar.sync by the copy side, 256 threads) per stage:
+// P_READY, STAGE_FREE. A barrier of stage s is reused two tiles later; in between, the score
+// warpgroup waits for tile t + 2, which the copy warpgroup issues only after its syncs of tile t,
+// so no arrival runs a phase ahead; the same holds for the mbarriers and the alphas.
 #pragma once
 
 #include <cmath>
@@ -28,7 +30,9 @@
 #include <cute/tensor.hpp>
 #include <type_traits>
 
+#include "cuda/common/mbarrier.cuh"
 #include "cuda/common/named_barrier.cuh"
+#include "cuda/common/tma.cuh"
 #include "cuda/common/wgmma.cuh"
 #include "cuda/decode/sm90/kernel_common.cuh"
 #include "cuda/decode/sm90/params.cuh"
@@ -81,7 +85,22 @@ __device__ __forceinline__ auto rows_by_columns(Frag&& t) {
 }
 
 // The named barriers of stage `stage` (see the top of the file); ids from 1 (0 is __syncthreads').
-enum DecodeBarrier : int { kKReady = 1, kPReady = 3, kStageFree = 5 };
+enum DecodeBarrier : int { kPReady = 1, kStageFree = 3 };
+inline constexpr int kScoresZeroed = 5;  // the score warpgroup alone (128 threads)
+// Pages a 64-key tile spans at most: block_size 8 (cache_tensor_map.hpp).
+inline constexpr int kMaxPagesPerTile = 8;
+
+// Zeroes the values (the first 512 columns) of keys [valid_keys, 64) of a stage; run by the 128
+// threads of the score warpgroup (`tid` < 128).
+template <class Cfg>
+__device__ __forceinline__ void zero_values_past(uint8_t* stage, int valid_keys, int tid) {
+  constexpr int kValueChunks = kDimV * 2 / 16;  // 16-byte chunks of a key's values
+  const int units = (kBlockN - valid_keys) * kValueChunks;
+  for (int u = tid; u < units; u += kWarpgroupThreads) {
+    const int key = valid_keys + u / kValueChunks, chunk = u % kValueChunks;
+    *reinterpret_cast<uint4*>(stage + Cfg::operand_offset(key, chunk)) = make_uint4(0, 0, 0, 0);
+  }
+}
 __device__ __forceinline__ void barrier_arrive(DecodeBarrier b, int stage) {
   named_barrier_arrive(b + stage, kThreads);
 }
@@ -90,10 +109,13 @@ __device__ __forceinline__ void barrier_sync(DecodeBarrier b, int stage) {
 }
 
 // One segment of the CTA's work (make_work_item), as in kernel.cuh's decode_segment. `smem`: the
-// dynamic shared memory rounded up to kBaseAlignment.
+// dynamic shared memory rounded up to kBaseAlignment. `full_phase`: bit s is the parity of the
+// next phase of stage s's mbarrier (score warpgroup; kept across segments).
 template <class Cfg>
-__device__ __forceinline__ void decode_segment_wgmma(const DecodeKernelParams& p, const WorkItem& w,
-                                                     uint8_t* smem) {
+__device__ __forceinline__ void decode_segment_wgmma(const DecodeKernelParams& p,
+                                                     const CUtensorMap& cache_map,
+                                                     const WorkItem& w, uint8_t* smem,
+                                                     uint32_t& full_phase) {
   using namespace cute;
   using L = WgmmaLayouts<Cfg>;
   using T = typename L::T;
@@ -109,6 +131,7 @@ __device__ __forceinline__ void decode_segment_wgmma(const DecodeKernelParams& p
     return smem + Cfg::kStageOffset + (tile % Cfg::kStages) * kTileBytes;
   };
   auto smem_t = [](uint8_t* bytes) { return make_smem_ptr(reinterpret_cast<T*>(bytes)); };
+  const uint32_t full_barrier = smem_addr(smem + Cfg::kFullBarrierOffset);  // + 8 * stage
 
   typename L::MmaO mma_o;
   const auto thr_o = mma_o.get_thread_slice(tid);
@@ -136,9 +159,56 @@ __device__ __forceinline__ void decode_segment_wgmma(const DecodeKernelParams& p
     warpgroup_gemm(mma_o, p_desc, v_desc, acc_o, true);
   };
 
-  int next_pages[Cfg::kLoadPasses] = {};  // copy warpgroup: page ids of the next tile to copy
+  // The copy warpgroup's first thread issues the TMA copies (cache_tensor_map.hpp): per page of a
+  // tile, one box of `box_slots` keys per 128-byte column block.
+  const bool producer = tid == kCopyWarpgroup * kWarpgroupThreads;
+  const int box_slots = p.block_size < kBlockN ? p.block_size : kBlockN;
+  const int boxes = kBlockN / box_slots;  // pages per tile
+  int next_pages[kMaxPagesPerTile];       // producer: page ids of the next tile to copy
+  auto lookup_tile_pages = [&](int tile) {
+    for (int i = 0; i < boxes; ++i) {
+      const int pos = w.key_begin + tile * kBlockN + i * box_slots;
+      next_pages[i] = pos < w.cta_end
+                          ? p.block_table[w.batch_index * p.block_table_stride_batch +
+                                          (pos / p.block_size) * p.block_table_stride_col]
+                          : -1;
+    }
+  };
+  // Producer: announces tile `tile`'s bytes on its stage's mbarrier and issues its boxes, then
+  // looks up the page ids of the tile after it. Pages past cta_end are not read; a block id
+  // outside the cache sets `bad` and is not read either (the CTA's rows become NaN).
+  auto issue_tile = [&](int tile) {
+    const uint32_t mbar = full_barrier + 8 * (tile % Cfg::kStages);
+    const uint32_t dst = smem_addr(stage(tile));
+    uint32_t bytes = 0;
+    for (int i = 0; i < boxes; ++i) {
+      const int pos = w.key_begin + tile * kBlockN + i * box_slots;
+      const int page = next_pages[i];
+      if (pos >= w.cta_end) continue;
+      if (page < 0 || page >= p.num_blocks) {
+        bad = true;
+        next_pages[i] = -1;
+        continue;
+      }
+      bytes += box_slots * kRowBytes;
+    }
+    mbarrier_arrive_expect_tx(mbar, bytes);
+    for (int i = 0; i < boxes; ++i) {
+      if (next_pages[i] < 0) continue;
+      const int slot = (w.key_begin + tile * kBlockN + i * box_slots) % p.block_size;
+#pragma unroll
+      for (int b = 0; b < kRowBytes / kSwizzleBytes; ++b) {
+        tma_load_3d(dst + b * kBlockN * kSwizzleBytes + i * box_slots * kSwizzleBytes, &cache_map,
+                    mbar, b * (kSwizzleBytes / 2), slot, next_pages[i]);
+      }
+    }
+    if (tile + 1 < w.num_tiles) lookup_tile_pages(tile + 1);
+  };
   if (w.num_tiles > 0) {
-    if (!scorer) start_copies<Cfg>(p, w, stage, next_pages, bad);
+    if (producer) {
+      lookup_tile_pages(0);
+      for (int t = 0; t < Cfg::kStages && t < w.num_tiles; ++t) issue_tile(t);
+    }
     load_q_tile<Cfg>(p, w, smem + Cfg::kQOffset);
     fence_shared_for_wgmma();  // this thread's q stores become visible to wgmma
   }
@@ -166,13 +236,23 @@ __device__ __forceinline__ void decode_segment_wgmma(const DecodeKernelParams& p
 
     for (int t = 0; t < w.num_tiles; ++t) {
       const int st = t % Cfg::kStages;
-      barrier_sync(kKReady, st);  // tile t has landed
+      mbarrier_wait(full_barrier + 8 * st, (full_phase >> st) & 1u);  // tile t has landed
+      full_phase ^= 1u << st;
+      const int tile_start = w.key_begin + t * kBlockN;
+      const int valid_keys = w.cta_end - tile_start;
+      if (valid_keys < kBlockN) {
+        // The tile's last keys were not copied or hold whatever the cache has past the end
+        // (NaN-poisoned slots, say): zero their values, which P = 0 would still turn into NaN.
+        // Their scores are masked by selection. The whole score warpgroup then sees the zeros.
+        zero_values_past<Cfg>(stage(t), valid_keys, tid);
+        fence_shared_for_wgmma();
+        named_barrier_sync(kScoresZeroed, kWarpgroupThreads);
+      }
       const auto k_desc =
           thr_s.partition_fragment_B(make_tensor(smem_t(stage(t)), typename L::Operand{}));
       warpgroup_gemm(mma_s, q_desc, k_desc, acc_s, false);
 
       // scale, mask, row max, online softmax; P over the stage's rope columns
-      const int tile_start = w.key_begin + t * kBlockN;
       const auto sP = make_tensor(smem_t(stage(t) + Cfg::kPInStageOffset), typename L::P{});
       float alpha[2];
 #pragma unroll
@@ -203,29 +283,14 @@ __device__ __forceinline__ void decode_segment_wgmma(const DecodeKernelParams& p
       barrier_arrive(kStageFree, st);
     }
   } else {
-    // Signals K_READY(t + 1) before the values of tile t, so that the scores of tile t + 1 can
-    // run beside them.
-    auto publish_landed = [&](int tile) {
-      fence_shared_for_wgmma();  // this thread's landed copies become visible to wgmma
-      barrier_arrive(kKReady, tile % Cfg::kStages);
-    };
-    if (w.num_tiles > 0) {
-      cp_async_wait<Cfg::kTilesAhead - 1>();  // tile 0 has landed (tile 1 may be in flight)
-      publish_landed(0);
-    }
     for (int t = 0; t < w.num_tiles; ++t) {
       const int st = t % Cfg::kStages;
-      if (t + 1 < w.num_tiles) {
-        cp_async_wait<0>();  // tile t + 1, the only group in flight, has landed
-        publish_landed(t + 1);
-      }
-      barrier_sync(kPReady, st);  // P_t and alpha_t are written
+      barrier_sync(kPReady, st);  // P_t and alpha_t are written (and tile t has landed)
       const float* alpha_t = alpha_of + st * Cfg::kBlockM;
       accumulate_values(t, {alpha_t[local_row[0]], alpha_t[local_row[1]]});
       barrier_sync(kStageFree, st);  // the score warpgroup is done with stage st
-      continue_copies<Cfg>(p, w, t, stage, next_pages, bad);  // tile t + 2 into stage st
+      if (producer && t + Cfg::kStages < w.num_tiles) issue_tile(t + Cfg::kStages);
     }
-    cp_async_wait<0>();  // no copy may outlive the CTA (only empty groups remain, but be exact)
   }
 
   // ---- epilogue: the score warpgroup's row sums and maxima, then rows and LSEs.
@@ -257,14 +322,24 @@ __device__ __forceinline__ void decode_segment_wgmma(const DecodeKernelParams& p
 
 template <class Cfg>
 __global__ void __launch_bounds__(kThreads, 1)
-    mla_decode_sm90_wgmma_kernel(const __grid_constant__ DecodeKernelParams p) {
+    mla_decode_sm90_wgmma_kernel(const __grid_constant__ DecodeKernelParams p,
+                                 const __grid_constant__ CUtensorMap cache_map) {
   extern __shared__ __align__(1024) uint8_t smem_raw[];
   uint8_t* const smem =
       smem_raw + (-static_cast<int>(smem_addr(smem_raw)) & (Cfg::kBaseAlignment - 1));
   const CtaWork work = cta_work<Cfg>(p);
+  if (threadIdx.x == 0) {
+    for (int st = 0; st < Cfg::kStages; ++st) {
+      mbarrier_init(smem_addr(smem + Cfg::kFullBarrierOffset + 8 * st), 1);  // the producer
+    }
+  }
+  fence_mbarrier_init();  // the initialized mbarriers become visible to the TMA unit
+  __syncthreads();
+  uint32_t full_phase = 0;
   for (int segment = work.segment_begin; segment < work.segment_end; ++segment) {
     if (segment > work.segment_begin) __syncthreads();  // the last one is done with shared memory
-    decode_segment_wgmma<Cfg>(p, make_work_item<Cfg>(p, work.row0, segment), smem);
+    decode_segment_wgmma<Cfg>(p, cache_map, make_work_item<Cfg>(p, work.row0, segment), smem,
+                              full_phase);
   }
 }
 

@@ -11,6 +11,7 @@
 #include "cuda/common/runtime.hpp"
 #include "cuda/decode/decode.hpp"
 #include "cuda/decode/schedule.hpp"
+#include "cuda/decode/sm90/cache_tensor_map.hpp"
 #include "cuda/decode/sm90/combine.cuh"
 #include "cuda/decode/sm90/instantiations.cuh"
 #include "cuda/decode/sm90/launch_plan.hpp"
@@ -196,8 +197,14 @@ void launch_for_rows(const LaunchPlan& plan, cudaStream_t stream) {
   if (plan.rows_per_cta == kDecodeRowsSmall) {
     launch_decode_kernel<Config<kDecodeRowsSmall, kFormat, Element>>(plan.decode, grid, stream);
   } else if constexpr (kFormat == CacheFormat::kNative) {
-    // 64 rows over a 16-bit cache: compute-bound, the wgmma kernel (kernel_wgmma.cuh).
-    launch_decode_wgmma_kernel<WgmmaConfig<Element>>(plan.decode, grid, stream);
+    // 64 rows over a 16-bit cache: compute-bound, the wgmma kernel (kernel_wgmma.cuh), whose TMA
+    // copies need whole swizzle patterns per page and 16-byte aligned strides; other caches (an
+    // odd block_size, a strided view) take the mma.sync kernel.
+    if (cache_tensor_map_supported(plan.decode)) {
+      launch_decode_wgmma_kernel<WgmmaConfig<Element>>(plan.decode, grid, stream);
+    } else {
+      launch_decode_kernel<Config<kDecodeRowsLarge, kFormat, Element>>(plan.decode, grid, stream);
+    }
   } else {
     launch_decode_kernel<Config<kDecodeRowsLarge, kFormat, Element>>(plan.decode, grid, stream);
   }

@@ -4,6 +4,7 @@
 
 #include <cuda_runtime.h>
 
+#include "cuda/decode/sm90/cache_tensor_map.hpp"
 #include "cuda/decode/sm90/instantiations.cuh"
 #include "cuda/decode/sm90/kernel_wgmma.cuh"
 #include "cuda/decode/sm90/launch_kernel.cuh"
@@ -12,7 +13,10 @@ namespace mlakit::cuda::decode_sm90 {
 
 template <class Cfg>
 void launch_decode_wgmma_kernel(const DecodeKernelParams& params, dim3 grid, cudaStream_t stream) {
-  launch_with_smem<Cfg>(&mla_decode_sm90_wgmma_kernel<Cfg>, params, grid, stream);
+  const CUtensorMap cache_map = make_cache_tensor_map(params);
+  const auto kernel = &mla_decode_sm90_wgmma_kernel<Cfg>;
+  set_max_dynamic_smem(reinterpret_cast<const void*>(kernel), Cfg::kSmemBytes, "mla_decode");
+  kernel<<<grid, kThreads, Cfg::kSmemBytes, stream>>>(params, cache_map);
 }
 
 }  // namespace mlakit::cuda::decode_sm90

@@ -47,25 +47,20 @@ inline constexpr int kRawEntryBytes<CacheFormat::kFp8E4m3> = kDimQK;  // 576 x e
 template <>  // 512 e4m3 + 4 f32 tile scales + 64 x 16-bit rope (kv_cache.hpp)
 inline constexpr int kRawEntryBytes<CacheFormat::kFp8DsMla> = 656;
 
-// Copy of one key tile by kCopyThreads threads (threadIdx.x % kCopyThreads numbers them): all
-// kThreads in the mma.sync kernels, the copy warpgroup's 128 in the wgmma kernel. kThreadsPerKey
-// threads copy one entry, 16 bytes each per step, so a warp reads 4 (bf16) or 8 (fp8) entries with
-// 128- or 64-byte contiguous runs. Shared by the mma.sync (Config) and wgmma (WgmmaConfig,
-// traits_wgmma.cuh) kernels.
-template <CacheFormat kFormat_, int kCopyThreads_ = kThreads>
+// Copy of one key tile by all kThreads threads: kThreadsPerKey threads copy one entry, 16 bytes
+// each per step, so a warp reads 4 (bf16) or 8 (fp8) entries with 128- or 64-byte contiguous runs.
+// Shared by the mma.sync (Config) and wgmma (WgmmaConfig, traits_wgmma.cuh) kernels.
+template <CacheFormat kFormat_>
 struct TileCopy {
   static constexpr CacheFormat kFormat = kFormat_;
-  static constexpr int kCopyThreads = kCopyThreads_;
   static constexpr bool kConvert = kFormat != CacheFormat::kNative;
   static constexpr int kRawEntry = kRawEntryBytes<kFormat>;
   static constexpr int kRawTileBytes = kBlockN * kRawEntry;
   static constexpr int kRawChunks = kRawEntry / 16;  // 72, 36, 41
   static constexpr int kThreadsPerKey = kRawChunks >= 64 ? 8 : 4;
-  static constexpr int kKeysPerPass = kCopyThreads / kThreadsPerKey;
+  static constexpr int kKeysPerPass = kThreads / kThreadsPerKey;
   static constexpr int kLoadPasses = kBlockN / kKeysPerPass;  // keys (page lookups) per thread
   static constexpr int kChunkSteps = (kRawChunks + kThreadsPerKey - 1) / kThreadsPerKey;
-  static_assert(kThreads % kCopyThreads == 0 && kBlockN % kKeysPerPass == 0,
-                "whole passes of whole keys");
 };
 
 template <int kBlockM_, CacheFormat kFormat_, class Element_>

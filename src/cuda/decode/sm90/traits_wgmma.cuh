@@ -28,11 +28,11 @@ __host__ __device__ constexpr uint32_t sw128_k_offset(int row, int chunk) {
 
 // Warpgroup roles of the wgmma kernel (kernel_wgmma.cuh).
 inline constexpr int kScoreWarpgroup = 0;  // S = q K^T, softmax, P; O columns [0, 256)
-inline constexpr int kCopyWarpgroup = 1;   // the paged copies; O columns [256, 512)
+inline constexpr int kCopyWarpgroup = 1;   // the TMA copies (one thread); O columns [256, 512)
 inline constexpr int kWarpgroupThreads = 128;
 
 template <class Element_>
-struct WgmmaConfig : TileCopy<CacheFormat::kNative, kWarpgroupThreads> {
+struct WgmmaConfig {
   using Element = Element_;  // Bf16Mma or F16Mma
   static constexpr int kBlockM = static_cast<int>(kDecodeRowsLarge);
   static constexpr int kWarpgroups = kThreads / kWarpgroupThreads;  // 2
@@ -42,7 +42,6 @@ struct WgmmaConfig : TileCopy<CacheFormat::kNative, kWarpgroupThreads> {
   // Two stages of 72 KiB next to the 72 KiB q tile fill shared memory: the copy warpgroup refills
   // a stage as soon as both warpgroups are done with its tile, two tiles ahead of the scores.
   static constexpr int kStages = 2;
-  static constexpr int kTilesAhead = kStages;
 
   // ---- Shared memory plan (byte offsets; operand tiles 1024-byte aligned for the swizzle).
   static constexpr int kQBytes = kBlockM * kRowBytes;  // 72 KiB, [64][576] SW128
@@ -52,14 +51,16 @@ struct WgmmaConfig : TileCopy<CacheFormat::kNative, kWarpgroupThreads> {
   static constexpr int kRowStatBytes = kBlockM * 4;  // f32 [64]
   static constexpr int kStageOffset = 0;             // [kStages][64][576] SW128
   static constexpr int kQOffset = kStageOffset + kStages * kTileBytes;
-  static constexpr int kAlphaOffset =
-      kQOffset + kQBytes;  // f32 [kStages][64]: O's rescale per tile
+  // f32 [kStages][64]: O's rescale per row for the tile in each stage
+  static constexpr int kAlphaOffset = kQOffset + kQBytes;
   static constexpr int kRowSumOffset = kAlphaOffset + kStages * kRowStatBytes;  // f32 [64]
   static constexpr int kRowMaxOffset = kRowSumOffset + kRowStatBytes;           // f32 [64]
+  // One mbarrier per stage (8 bytes each): its phase completes when the stage's tile has landed.
+  static constexpr int kFullBarrierOffset = kRowMaxOffset + kRowStatBytes;
   // The kernel rounds the dynamic shared-memory base up to the 1024-byte swizzle alignment (the
   // hardware swizzles by absolute address bits), which may skip up to this much.
   static constexpr int kBaseAlignment = 1024;
-  static constexpr int kSmemBytes = kRowMaxOffset + kRowStatBytes + kBaseAlignment;
+  static constexpr int kSmemBytes = kFullBarrierOffset + kStages * 8 + kBaseAlignment;
 
   // Byte offset of 16-byte chunk `chunk` of row `row` in the q tile or a K tile (both 64 rows).
   __host__ __device__ static constexpr uint32_t operand_offset(int row, int chunk) {

@@ -1,0 +1,40 @@
+// Shared-memory mbarriers (PTX mbarrier.*) that track TMA copies: the issuing thread arrives and
+// announces the bytes its copies will deliver (expect_tx), without waiting for them; a consumer
+// waits for the barrier's current phase to complete. A phase completes when `count` arrivals have
+// happened and every announced byte has landed; waiters name the phase by its parity (0, 1, ...).
+#pragma once
+
+#include <cstdint>
+
+namespace mlakit::cuda {
+
+// One thread initializes; a CTA barrier must follow before any other thread uses the mbarrier.
+__device__ __forceinline__ void mbarrier_init(uint32_t mbar, int count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(mbar), "r"(count) : "memory");
+}
+
+// Orders this thread's mbarrier_init before the async proxy (TMA copies) completes on them.
+__device__ __forceinline__ void fence_mbarrier_init() {
+  asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+}
+
+// Arrives on `mbar` and announces `bytes` more bytes that TMA copies will deliver to this phase.
+__device__ __forceinline__ void mbarrier_arrive_expect_tx(uint32_t mbar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(mbar), "r"(bytes)
+               : "memory");
+}
+
+// Waits until the phase of `mbar` with parity `parity` has completed.
+__device__ __forceinline__ void mbarrier_wait(uint32_t mbar, uint32_t parity) {
+  asm volatile(
+      "{\n"
+      ".reg .pred done;\n"
+      "wait_loop:\n"
+      "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+      "@!done bra wait_loop;\n"
+      "}\n" ::"r"(mbar),
+      "r"(parity)
+      : "memory");
+}
+
+}  // namespace mlakit::cuda

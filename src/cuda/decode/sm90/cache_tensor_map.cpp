@@ -1,0 +1,66 @@
+#include "cuda/decode/sm90/cache_tensor_map.hpp"
+
+#include <cudaTypedefs.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "core/check.hpp"
+#include "cuda/common/runtime.hpp"
+#include "cuda/decode/sm90/traits.cuh"
+
+namespace mlakit::cuda::decode_sm90 {
+
+namespace {
+
+constexpr int kTmaAlignment = 16;  // TMA's requirement on the global address and strides (bytes)
+constexpr int kBoxValues = 64;     // one 128-byte swizzle span of 16-bit values
+constexpr int kDriverVersion = 12000;  // the cuTensorMapEncodeTiled signature of CUDA 12.0
+
+PFN_cuTensorMapEncodeTiled_v12000 encode_function() {
+  static const PFN_cuTensorMapEncodeTiled_v12000 function = [] {
+    void* entry = nullptr;
+    cudaDriverEntryPointQueryResult found = cudaDriverEntryPointSymbolNotFound;
+    check_cuda(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &entry, kDriverVersion,
+                                                cudaEnableDefault, &found),
+               "mla_decode", "cudaGetDriverEntryPointByVersion(cuTensorMapEncodeTiled)");
+    if (found != cudaDriverEntryPointSuccess || entry == nullptr) {
+      detail::fail(ErrorCode::kBackend, "mla_decode: the driver has no cuTensorMapEncodeTiled");
+    }
+    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(entry);
+  }();
+  return function;
+}
+
+}  // namespace
+
+bool cache_tensor_map_supported(const DecodeKernelParams& p) {
+  const int bs = p.block_size;
+  const bool box_ok = bs == 8 || bs == 16 || bs == 32 || (bs > 0 && bs % 64 == 0);
+  return box_ok && p.num_blocks > 0 && reinterpret_cast<uintptr_t>(p.cache) % kTmaAlignment == 0 &&
+         p.cache_stride_slot_bytes % kTmaAlignment == 0 &&
+         p.cache_stride_block_bytes % kTmaAlignment == 0;
+}
+
+CUtensorMap make_cache_tensor_map(const DecodeKernelParams& p) {
+  CUtensorMap map;
+  const cuuint64_t dims[3] = {static_cast<cuuint64_t>(kDimQK),
+                              static_cast<cuuint64_t>(p.block_size),
+                              static_cast<cuuint64_t>(p.num_blocks)};
+  const cuuint64_t strides[2] = {static_cast<cuuint64_t>(p.cache_stride_slot_bytes),
+                                 static_cast<cuuint64_t>(p.cache_stride_block_bytes)};
+  const cuuint32_t box[3] = {kBoxValues, static_cast<cuuint32_t>(cache_box_slots(p.block_size)), 1};
+  const cuuint32_t element_strides[3] = {1, 1, 1};
+  const CUresult status = encode_function()(
+      &map, CU_TENSOR_MAP_DATA_TYPE_UINT16, 3, const_cast<uint8_t*>(p.cache), dims, strides, box,
+      element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+      CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  if (status != CUDA_SUCCESS) {
+    detail::fail(ErrorCode::kBackend,
+                 detail::str_cat("mla_decode: cuTensorMapEncodeTiled refused the kv_cache (error ",
+                                 static_cast<int>(status), ")"));
+  }
+  return map;
+}
+
+}  // namespace mlakit::cuda::decode_sm90

@@ -1,0 +1,26 @@
+// The TMA description of a native 16-bit paged latent cache, for the wgmma decode kernel's copies
+// (kernel_wgmma.cuh): a 3-D tensor (576 values, block_size slots, num_blocks pages), innermost
+// first, read in boxes of 64 values x min(block_size, 64) slots of one page, 128-byte swizzled (the
+// wgmma operand layout, traits_wgmma.cuh).
+#pragma once
+
+#include <cuda.h>
+
+#include "cuda/decode/sm90/params.cuh"
+
+namespace mlakit::cuda::decode_sm90 {
+
+// Slots of one TMA box: a 64-key tile is one box of a page (block_size a multiple of 64) or
+// 64 / block_size whole pages (block_size 8, 16 or 32: the 8-row swizzle pattern stays whole).
+inline int cache_box_slots(int block_size) { return block_size < 64 ? block_size : 64; }
+
+// True when the cache can be read by TMA boxes: block_size in {8, 16, 32} or a multiple of 64,
+// base address and both strides multiples of 16 bytes, at least one page. Otherwise the launcher
+// runs the mma.sync kernel, which copies key by key.
+bool cache_tensor_map_supported(const DecodeKernelParams& p);
+
+// Builds the map (host; a driver call). Requires cache_tensor_map_supported(p); throws
+// mlakit::Error(kBackend) if the driver refuses it.
+CUtensorMap make_cache_tensor_map(const DecodeKernelParams& p);
+
+}  // namespace mlakit::cuda::decode_sm90
