@@ -37,8 +37,7 @@ void check_cublas(cublasStatus_t status, const char* op, const char* what) {
 }
 
 CublasContext& cublas_context(cudaStream_t stream, const char* op) {
-  int device = 0;
-  check_cuda(cudaGetDevice(&device), op, "cudaGetDevice");
+  const int device = current_device(op);
   Registry& r = registry();
   std::lock_guard<std::mutex> lock(r.mutex);
   std::unique_ptr<CublasContext>& slot = r.contexts[{device, stream}];
