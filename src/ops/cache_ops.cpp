@@ -95,11 +95,16 @@ void check_entry_widths(const TensorView& kv_c, const TensorView& k_pe, const Te
   detail::check_ndim(op, "kv_cache", kv_cache, 3);
   int64_t sum = 0;  // an empty kv_c may claim any width: the sum may overflow
   const bool overflow = __builtin_add_overflow(rank, rope, &sum);
-  require(!overflow && sum == kv_cache.size(2), ErrorCode::kInvalidArgument, op,
-          ": kv_c.shape[1] + k_pe.shape[1] (L + R) must add up to the cache entry width "
-          "kv_cache.shape[2] = ",
-          kv_cache.size(2), ", got ", rank, " + ", rope,
-          overflow ? std::string(" (overflows int64)") : detail::str_cat(" = ", sum));
+  if (!overflow && sum == kv_cache.size(2))
+    return;  // the message below costs a stream: build
+             // it only on failure
+  detail::fail(
+      ErrorCode::kInvalidArgument,
+      detail::str_cat(op,
+                      ": kv_c.shape[1] + k_pe.shape[1] (L + R) must add up to the cache "
+                      "entry width kv_cache.shape[2] = ",
+                      kv_cache.size(2), ", got ", rank, " + ", rope,
+                      overflow ? std::string(" (overflows int64)") : detail::str_cat(" = ", sum)));
 }
 
 void validate_concat_and_cache_mla(const TensorView& kv_c, const TensorView& k_pe,
