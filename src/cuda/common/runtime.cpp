@@ -54,7 +54,7 @@ int current_device(const char* op) {
 
 DeviceGuard::DeviceGuard(Device device, const char* op) : outer_guarded_(t_guarded_device) {
   detail::require(device.is_cuda(), ErrorCode::kInternal, op, ": DeviceGuard for ",
-                  device_name(device));
+                  detail::device_text(device));
   previous_ = current_device(op);
   if (previous_ != device.index) {
     check_cuda(cudaSetDevice(device.index), op, "cudaSetDevice");
