@@ -27,6 +27,7 @@
 #include "mlakit/kv_cache.hpp"
 #include "mlakit/ops.hpp"
 #include "mlakit/step.hpp"
+#include "ops/cache_write_with_q_rope.hpp"
 
 namespace {
 
@@ -357,8 +358,8 @@ int main(int argc, char** argv) {
 
   const double launch_us = empty_launch_us(stream);
 
-  // Where the eager host time goes, op by op: each op of a decode layer called alone through the
-  // public ops API with the layer's shapes (the rest of forward() is the orchestrator's).
+  // Where the eager host time goes, op by op: each op a decode step's forward() calls, called alone
+  // with the layer's shapes (the rest of forward() is the orchestrator's).
   const int64_t n = d.num_heads, p = d.qk_nope_head_dim, l = d.kv_lora_rank, r = d.qk_rope_head_dim,
                 e = d.entry_dim();
   const Tensor ql = Tensor::empty({o.batch, n, e}, DType::kBF16, gpu);
@@ -376,12 +377,13 @@ int main(int argc, char** argv) {
       mlakit::TensorView::strided(outputs[0].view().data, DType::kBF16, {o.batch, n, d.v_head_dim},
                                   {n * d.v_head_dim, d.v_head_dim, 1}, gpu);
   const std::vector<std::pair<const char*, double>> op_host_us = {
-      {"concat_and_cache_mla", host_us_per_call(stream,
-                                                [&] {
-                                                  mlakit::ops::concat_and_cache_mla(
-                                                      kv_c, k_pe, caches[0], slot_mapping,
-                                                      mlakit::KvCacheDType::kAuto, 1.0f, s);
-                                                })},
+      {"concat_and_cache_mla + q_pe copy (one launch)",
+       host_us_per_call(stream,
+                        [&] {
+                          mlakit::ops::concat_and_cache_mla_with_q_rope(
+                              kv_c, k_pe, caches[0], slot_mapping, mlakit::KvCacheDType::kAuto,
+                              1.0f, q.view().narrow(2, p, r), ql.view().narrow(2, l, r), s);
+                        })},
       {"batched_matmul (W_UK absorb)",
        host_us_per_call(stream,
                         [&] {
@@ -389,11 +391,6 @@ int main(int argc, char** argv) {
                                                       w0.w_uk_t,
                                                       ql.view().narrow(2, 0, l).transpose(0, 1), s);
                         })},
-      {"copy (q_pe)", host_us_per_call(stream,
-                                       [&] {
-                                         mlakit::ops::copy(q.view().narrow(2, p, r),
-                                                           ql.view().narrow(2, l, r), s);
-                                       })},
       {"mla_decode (planned ahead)", host_us_per_call(stream,
                                                       [&] {
                                                         mlakit::ops::mla_decode(
