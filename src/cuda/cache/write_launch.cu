@@ -5,6 +5,7 @@
 #include "cuda/cache/launch_common.cuh"
 #include "cuda/cache/write_kernel.cuh"
 #include "cuda/common/device_errors.hpp"
+#include "cuda/common/launch.cuh"
 #include "cuda/common/runtime.hpp"
 
 namespace mlakit::cuda {
@@ -19,8 +20,8 @@ void launch(Kernel kernel, const char* name, const CacheWriteParams& p, cudaStre
   const HeadRowsCopy& q = p.q_rope;
   const int64_t blocks = std::max(grid_blocks(p.num_tokens, kWarpsPerBlock),
                                   grid_blocks(q.rows * q.heads * q.units, kThreadsPerBlock));
-  kernel<<<static_cast<unsigned>(blocks), kThreadsPerBlock, 0, stream>>>(p);
-  check_launch(kOp, name);
+  launch_kernel(kOp, name, kernel, dim3(static_cast<unsigned>(blocks)), dim3(kThreadsPerBlock), 0,
+                stream, p);
 }
 
 void write_auto(const CacheWriteParams& p, cudaStream_t stream) {

@@ -39,6 +39,13 @@ void check_launch(const char* op, const char* kernel) {
                                ": ", cudaGetErrorString(status)));
 }
 
+void fail_launch(const char* op, const char* kernel, cudaError_t status) {
+  cudaGetLastError();
+  detail::fail(ErrorCode::kBackend,
+               detail::str_cat(op, ": launch of ", kernel, " failed on cuda:", device_for_message(),
+                               ": ", cudaGetErrorString(status)));
+}
+
 bool is_capturing(cudaStream_t stream, const char* op) {
   cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
   check_cuda(cudaStreamIsCapturing(stream, &status), op, "cudaStreamIsCapturing");

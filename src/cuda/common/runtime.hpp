@@ -16,6 +16,9 @@ void check_cuda(cudaError_t status, const char* op, const char* what);
 // Call right after a <<<...>>> launch: throws kBackend "<op>: launch of <kernel> failed: ..." when
 // the launch was refused (bad configuration, no kernel image for this GPU, a sticky error).
 void check_launch(const char* op, const char* kernel);
+// A launch call returned `status` (launch.cuh): clears the runtime's last error (a later
+// check_launch must not report it again) and throws as check_launch does.
+[[noreturn]] void fail_launch(const char* op, const char* kernel, cudaError_t status);
 
 inline cudaStream_t as_cuda_stream(Stream stream) {
   return static_cast<cudaStream_t>(stream.handle);
