@@ -176,6 +176,22 @@ double empty_launch_us(cudaStream_t stream) {
   return median(per_launch);
 }
 
+// Host time of one call of a CUDA runtime function that enqueues nothing (median of kReps bursts
+// of 1000), in us: what each cudaGetDevice / cudaGetLastError inside an op costs on this host.
+template <class F>
+double runtime_call_us(F&& call) {
+  constexpr int kBurst = 1000;  // calls per timed burst: long enough for the clock's resolution
+  std::vector<double> per_call;
+  for (int rep = 0; rep < kWarmups + kReps; ++rep) {
+    const auto t0 = std::chrono::steady_clock::now();
+    for (int i = 0; i < kBurst; ++i) call();
+    const double us =
+        std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
+    if (rep >= kWarmups) per_call.push_back(us / kBurst);
+  }
+  return median(per_call);
+}
+
 // Host time of one call of `launch` (median of kReps bursts of kBurst calls, no synchronization
 // inside a burst), in us.
 template <class F>
@@ -357,6 +373,9 @@ int main(int argc, char** argv) {
   }
 
   const double launch_us = empty_launch_us(stream);
+  int device_index = 0;
+  const double get_device_us = runtime_call_us([&] { cudaGetDevice(&device_index); });
+  const double get_last_error_us = runtime_call_us([] { cudaGetLastError(); });
 
   // Where the eager host time goes, op by op: each op a decode step's forward() calls, called alone
   // with the layer's shapes (the rest of forward() is the orchestrator's).
@@ -459,6 +478,8 @@ int main(int argc, char** argv) {
   std::printf("| eager device time | %.2f | |\n", eager);
   std::printf("| one empty-kernel launch, host time (the floor of a launch) | %.2f | |\n",
               launch_us);
+  std::printf("| one cudaGetDevice / one cudaGetLastError, host time | %.3f / %.3f | |\n",
+              get_device_us, get_last_error_us);
   std::printf("| kernels (CUPTI sum, %.1f activities) | %.2f | |\n", activities_per_layer,
               kernel_us);
   std::printf("| graph replay | %.2f | <= 1.10 x kernels: %.3f (%s) |\n", replay, ratio,
@@ -484,11 +505,12 @@ int main(int argc, char** argv) {
                  "\"workspace_bytes\": %lld, \"plan_step_us\": %.3f, \"eager_host_us_per_layer\": "
                  "%.3f, \"eager_device_us_per_layer\": %.3f, \"kernel_us_per_layer\": %.3f, "
                  "\"activities_per_layer\": %.2f, \"graph_us_per_layer\": %.3f, "
-                 "\"graph_over_kernels\": %.4f, \"empty_launch_us\": %.3f, \"op_host_us\": {",
+                 "\"graph_over_kernels\": %.4f, \"empty_launch_us\": %.3f, \"get_device_us\": "
+                 "%.4f, \"get_last_error_us\": %.4f, \"op_host_us\": {",
                  static_cast<long long>(o.layers), static_cast<long long>(o.batch),
                  static_cast<long long>(o.seq_len), static_cast<long long>(o.heads),
                  static_cast<long long>(workspace.bytes()), plan_us, host, eager, kernel_us,
-                 activities_per_layer, replay, ratio, launch_us);
+                 activities_per_layer, replay, ratio, launch_us, get_device_us, get_last_error_us);
     for (size_t i = 0; i < op_host_us.size(); ++i) {
       std::fprintf(f, "%s\"%s\": %.3f", i ? ", " : "", op_host_us[i].first, op_host_us[i].second);
     }
