@@ -27,6 +27,7 @@
 #include "mlakit/kv_cache.hpp"
 #include "mlakit/ops.hpp"
 #include "mlakit/step.hpp"
+#include "ops/cache_write_with_q_rope.hpp"
 
 namespace {
 
@@ -173,6 +174,22 @@ double empty_launch_us(cudaStream_t stream) {
     if (rep >= kWarmups) per_launch.push_back(us / kBurst);
   }
   return median(per_launch);
+}
+
+// Host time of one call of a CUDA runtime function that enqueues nothing (median of kReps bursts
+// of 1000), in us: what each cudaGetDevice / cudaGetLastError inside an op costs on this host.
+template <class F>
+double runtime_call_us(F&& call) {
+  constexpr int kBurst = 1000;  // calls per timed burst: long enough for the clock's resolution
+  std::vector<double> per_call;
+  for (int rep = 0; rep < kWarmups + kReps; ++rep) {
+    const auto t0 = std::chrono::steady_clock::now();
+    for (int i = 0; i < kBurst; ++i) call();
+    const double us =
+        std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
+    if (rep >= kWarmups) per_call.push_back(us / kBurst);
+  }
+  return median(per_call);
 }
 
 // Host time of one call of `launch` (median of kReps bursts of kBurst calls, no synchronization
@@ -356,9 +373,12 @@ int main(int argc, char** argv) {
   }
 
   const double launch_us = empty_launch_us(stream);
+  int device_index = 0;
+  const double get_device_us = runtime_call_us([&] { cudaGetDevice(&device_index); });
+  const double get_last_error_us = runtime_call_us([] { cudaGetLastError(); });
 
-  // Where the eager host time goes, op by op: each op of a decode layer called alone through the
-  // public ops API with the layer's shapes (the rest of forward() is the orchestrator's).
+  // Where the eager host time goes, op by op: each op a decode step's forward() calls, called alone
+  // with the layer's shapes (the rest of forward() is the orchestrator's).
   const int64_t n = d.num_heads, p = d.qk_nope_head_dim, l = d.kv_lora_rank, r = d.qk_rope_head_dim,
                 e = d.entry_dim();
   const Tensor ql = Tensor::empty({o.batch, n, e}, DType::kBF16, gpu);
@@ -376,12 +396,13 @@ int main(int argc, char** argv) {
       mlakit::TensorView::strided(outputs[0].view().data, DType::kBF16, {o.batch, n, d.v_head_dim},
                                   {n * d.v_head_dim, d.v_head_dim, 1}, gpu);
   const std::vector<std::pair<const char*, double>> op_host_us = {
-      {"concat_and_cache_mla", host_us_per_call(stream,
-                                                [&] {
-                                                  mlakit::ops::concat_and_cache_mla(
-                                                      kv_c, k_pe, caches[0], slot_mapping,
-                                                      mlakit::KvCacheDType::kAuto, 1.0f, s);
-                                                })},
+      {"concat_and_cache_mla + q_pe copy (one launch)",
+       host_us_per_call(stream,
+                        [&] {
+                          mlakit::ops::concat_and_cache_mla_with_q_rope(
+                              kv_c, k_pe, caches[0], slot_mapping, mlakit::KvCacheDType::kAuto,
+                              1.0f, q.view().narrow(2, p, r), ql.view().narrow(2, l, r), s);
+                        })},
       {"batched_matmul (W_UK absorb)",
        host_us_per_call(stream,
                         [&] {
@@ -389,11 +410,6 @@ int main(int argc, char** argv) {
                                                       w0.w_uk_t,
                                                       ql.view().narrow(2, 0, l).transpose(0, 1), s);
                         })},
-      {"copy (q_pe)", host_us_per_call(stream,
-                                       [&] {
-                                         mlakit::ops::copy(q.view().narrow(2, p, r),
-                                                           ql.view().narrow(2, l, r), s);
-                                       })},
       {"mla_decode (planned ahead)", host_us_per_call(stream,
                                                       [&] {
                                                         mlakit::ops::mla_decode(
@@ -462,6 +478,8 @@ int main(int argc, char** argv) {
   std::printf("| eager device time | %.2f | |\n", eager);
   std::printf("| one empty-kernel launch, host time (the floor of a launch) | %.2f | |\n",
               launch_us);
+  std::printf("| one cudaGetDevice / one cudaGetLastError, host time | %.3f / %.3f | |\n",
+              get_device_us, get_last_error_us);
   std::printf("| kernels (CUPTI sum, %.1f activities) | %.2f | |\n", activities_per_layer,
               kernel_us);
   std::printf("| graph replay | %.2f | <= 1.10 x kernels: %.3f (%s) |\n", replay, ratio,
@@ -487,11 +505,12 @@ int main(int argc, char** argv) {
                  "\"workspace_bytes\": %lld, \"plan_step_us\": %.3f, \"eager_host_us_per_layer\": "
                  "%.3f, \"eager_device_us_per_layer\": %.3f, \"kernel_us_per_layer\": %.3f, "
                  "\"activities_per_layer\": %.2f, \"graph_us_per_layer\": %.3f, "
-                 "\"graph_over_kernels\": %.4f, \"empty_launch_us\": %.3f, \"op_host_us\": {",
+                 "\"graph_over_kernels\": %.4f, \"empty_launch_us\": %.3f, \"get_device_us\": "
+                 "%.4f, \"get_last_error_us\": %.4f, \"op_host_us\": {",
                  static_cast<long long>(o.layers), static_cast<long long>(o.batch),
                  static_cast<long long>(o.seq_len), static_cast<long long>(o.heads),
                  static_cast<long long>(workspace.bytes()), plan_us, host, eager, kernel_us,
-                 activities_per_layer, replay, ratio, launch_us);
+                 activities_per_layer, replay, ratio, launch_us, get_device_us, get_last_error_us);
     for (size_t i = 0; i < op_host_us.size(); ++i) {
       std::fprintf(f, "%s\"%s\": %.3f", i ? ", " : "", op_host_us[i].first, op_host_us[i].second);
     }

@@ -13,6 +13,7 @@
 #include "mlakit/attention.hpp"
 #include "mlakit/kv_cache.hpp"
 #include "mlakit/ops.hpp"
+#include "ops/cache_write_with_q_rope.hpp"
 
 namespace mlakit {
 
@@ -242,16 +243,30 @@ void MlaAttention::forward(const TensorView& q, const TensorView& kv_c_normed,
           ": kv_cache is empty but the batch has ", plan.split.num_decodes, " decode requests and ",
           plan.context_chunks.size(), " context chunks to read");
 
-  // 1. Every actual token goes into the cache before any attention (spec A.3).
-  if (kv_cache.numel() > 0 && tokens > 0) {
-    ops::concat_and_cache_mla(kv_c_normed.narrow(0, 0, tokens), k_pe.narrow(0, 0, tokens), kv_cache,
-                              s.slot_mapping.narrow(0, 0, tokens), c.kv_cache_dtype, scales.k_scale,
-                              stream);
-  }
-
   const AbsorbedWeights& w = state_->weights;
   const int64_t n = d.num_heads, p = d.qk_nope_head_dim, l = d.kv_lora_rank, r = d.qk_rope_head_dim,
                 v = d.v_head_dim, pv = d.kv_b_out_dim(), npv = n * pv;
+  const int64_t td = plan.split.num_decode_tokens, tp = s.prefill_tokens;
+  // The decode queries' rope part q[:, :, P:] goes into ql[:, :, L:] with the cache write (one
+  // launch less) when nothing runs between the two: in steps without prefill tokens. With them,
+  // the prefill phase reuses ql's workspace bytes first, so the copy waits for the decode phase.
+  const bool q_rope_with_cache_write = td > 0 && tp == 0;
+
+  // 1. Every actual token goes into the cache before any attention (spec A.3). (A decode token
+  //    implies a non-empty cache: checked above.)
+  if (kv_cache.numel() > 0 && tokens > 0) {
+    const TensorView kv_c_t = kv_c_normed.narrow(0, 0, tokens), k_pe_t = k_pe.narrow(0, 0, tokens);
+    const TensorView slots = s.slot_mapping.narrow(0, 0, tokens);
+    if (q_rope_with_cache_write) {
+      ops::concat_and_cache_mla_with_q_rope(kv_c_t, k_pe_t, kv_cache, slots, c.kv_cache_dtype,
+                                            scales.k_scale, q.narrow(0, 0, td).narrow(2, p, r),
+                                            buf.ql.narrow(0, 0, td).narrow(2, l, r), stream);
+    } else {
+      ops::concat_and_cache_mla(kv_c_t, k_pe_t, kv_cache, slots, c.kv_cache_dtype, scales.k_scale,
+                                stream);
+    }
+  }
+
   // kv_b_proj as the right operand of x @ W^T: [1, L, N * (P + V)], a transposed matrix.
   const TensorView w_kv_b_t = TensorView::strided(w.kv_b_proj.view().data, c.act_dtype, {1, l, npv},
                                                   {npv * l, 1, l}, c.device);
@@ -269,7 +284,6 @@ void MlaAttention::forward(const TensorView& q, const TensorView& kv_c_normed,
 
   // 2. Prefill path (spec A.5): tokens [td, td + tp). With context, the chunks run first (their
   //    up-projections and the new tokens' share kv_up), then the new tokens, then one merge.
-  const int64_t td = plan.split.num_decode_tokens, tp = s.prefill_tokens;
   if (tp > 0) {
     const TensorView q_p = q.narrow(0, td, tp);
     const TensorView out_p = rows_as_heads(output, td, tp, n, v);
@@ -325,7 +339,7 @@ void MlaAttention::forward(const TensorView& q, const TensorView& kv_c_normed,
     // ql[t, n, 0:L] = q_nope[t, n, :] @ W_UK_T[n]   (as a per-head batch: [N, Td, P] @ [N, P, L])
     ops::batched_matmul(q_d.narrow(2, 0, p).transpose(0, 1), w.w_uk_t,
                         ql.narrow(2, 0, l).transpose(0, 1), stream);
-    ops::copy(q_d.narrow(2, p, r), ql.narrow(2, l, r), stream);
+    if (!q_rope_with_cache_write) ops::copy(q_d.narrow(2, p, r), ql.narrow(2, l, r), stream);
     const bool fp8_query = c.kv_cache_dtype == KvCacheDType::kFp8E4m3;
     const ops::DecodeParams params{.scale = c.scale,
                                    .kv_dtype = c.kv_cache_dtype,

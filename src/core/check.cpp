@@ -7,21 +7,33 @@ namespace mlakit::detail {
 
 void fail(ErrorCode code, const std::string& message) { throw Error(code, message); }
 
-std::string shape_string(const TensorView& t) {
-  std::ostringstream os;
+namespace {
+DimsText dims_text(int ndim, const int64_t* values) {
+  DimsText d;
+  d.ndim = ndim;
+  for (int i = 0; i < ndim && i < kMaxDims; ++i) d.dims[i] = values[i];
+  return d;
+}
+}  // namespace
+
+std::ostream& operator<<(std::ostream& os, const DimsText& d) {
   os << '[';
-  for (int d = 0; d < t.ndim; ++d) os << (d ? ", " : "") << t.shape[d];
-  os << ']';
-  return os.str();
+  for (int i = 0; i < d.ndim && i < kMaxDims; ++i) os << (i ? ", " : "") << d.dims[i];
+  return os << ']';
 }
 
-std::string strides_string(const TensorView& t) {
-  std::ostringstream os;
-  os << '[';
-  for (int d = 0; d < t.ndim; ++d) os << (d ? ", " : "") << t.strides[d];
-  os << ']';
-  return os.str();
+std::ostream& operator<<(std::ostream& os, const DeviceText& d) {
+  if (d.device.is_cpu()) return os << "cpu";
+  return os << "cuda:" << d.device.index;
 }
+
+std::ostream& operator<<(std::ostream& os, const ViewText& v) {
+  return os << v.shape << ' ' << dtype_name(v.dtype) << ' ' << DeviceText{v.device};
+}
+
+DimsText shape_string(const TensorView& t) { return dims_text(t.ndim, t.shape); }
+DimsText strides_string(const TensorView& t) { return dims_text(t.ndim, t.strides); }
+ViewText view_text(const TensorView& t) { return {shape_string(t), t.dtype, t.device}; }
 
 void check_ndim(const char* op, const char* name, const TensorView& t, int ndim) {
   require(t.ndim == ndim, ErrorCode::kInvalidArgument, op, ": ", name, " must have ", ndim,
@@ -66,7 +78,7 @@ void check_inner_contiguous(const char* op, const char* name, const TensorView& 
 
 void check_contiguous(const char* op, const char* name, const TensorView& t) {
   require(t.is_contiguous(), ErrorCode::kInvalidArgument, op, ": ", name,
-          " must be contiguous, got ", t.to_string(), " with non-dense strides");
+          " must be contiguous, got ", view_text(t), " with non-dense strides");
 }
 
 void check_storage(const char* op, const char* name, const TensorView& t) {
@@ -100,7 +112,7 @@ void check_storage(const char* op, const char* name, const TensorView& t) {
 
 void check_device(const char* op, const char* name, const TensorView& t, Device expected) {
   require(t.device == expected, ErrorCode::kInvalidArgument, op, ": ", name, " must be on ",
-          device_name(expected), ", got ", device_name(t.device));
+          device_text(expected), ", got ", device_text(t.device));
 }
 
 void check_float_activation(const char* op, const char* name, const TensorView& t) {
@@ -121,8 +133,8 @@ Device common_device(const char* op, std::initializer_list<NamedTensor> tensors)
   const NamedTensor& first = *tensors.begin();
   for (const NamedTensor& t : tensors) {
     require(t.tensor->device == first.tensor->device, ErrorCode::kInvalidArgument, op, ": ", t.name,
-            " is on ", device_name(t.tensor->device), " but ", first.name, " is on ",
-            device_name(first.tensor->device), "; all tensors must be on one device");
+            " is on ", device_text(t.tensor->device), " but ", first.name, " is on ",
+            device_text(first.tensor->device), "; all tensors must be on one device");
   }
   return first.tensor->device;
 }

@@ -2,7 +2,9 @@
 // "<op>: <argument> <what was expected>, got <what was given>".
 #pragma once
 
+#include <cstdint>
 #include <initializer_list>
+#include <ostream>
 #include <sstream>
 #include <string>
 
@@ -25,8 +27,29 @@ void require(bool condition, ErrorCode code, const Args&... args) {
   if (!condition) fail(code, str_cat(args...));
 }
 
-std::string shape_string(const TensorView& t);    // "[4, 16, 576]"
-std::string strides_string(const TensorView& t);  // "[9216, 576, 1]"
+// Message pieces that format themselves only when streamed into a message (str_cat): passed to
+// require(), they cost a copy of a few integers when the check passes, where a std::string would
+// cost an ostringstream on every call (docs/perf-notes.md, "Engine path").
+struct DimsText {  // "[4, 16, 576]"
+  int ndim = 0;
+  int64_t dims[kMaxDims] = {};
+};
+std::ostream& operator<<(std::ostream& os, const DimsText& d);
+struct DeviceText {  // "cpu", "cuda:0" (as device_name)
+  Device device;
+};
+std::ostream& operator<<(std::ostream& os, const DeviceText& d);
+struct ViewText {  // "[4, 16, 576] bf16 cpu" (as TensorView::to_string)
+  DimsText shape;
+  DType dtype = DType::kF32;
+  Device device{};
+};
+std::ostream& operator<<(std::ostream& os, const ViewText& v);
+
+DimsText shape_string(const TensorView& t);    // "[4, 16, 576]"
+DimsText strides_string(const TensorView& t);  // "[9216, 576, 1]"
+inline DeviceText device_text(Device device) { return {device}; }
+ViewText view_text(const TensorView& t);
 
 void check_ndim(const char* op, const char* name, const TensorView& t, int ndim);
 void check_dtype(const char* op, const char* name, const TensorView& t,

@@ -1,6 +1,7 @@
 #include "mlakit/kv_cache.hpp"
 
 #include <cstdint>
+#include <initializer_list>
 #include <limits>
 #include <string>
 
@@ -55,15 +56,21 @@ void check_kv_cache(const char* op, const char* name, const TensorView& cache,
                     KvCacheDType kv_dtype, const MlaDims& dims) {
   detail::check_storage(op, name, cache);
   detail::check_ndim(op, name, cache, 3);
-  const std::string with_format =
-      detail::str_cat(name, " (kv_cache_dtype ", kv_cache_dtype_name(kv_dtype), ")");
+  // The dtype's message names the format too; built only when the dtype is wrong.
+  const auto check_format_dtype = [&](std::initializer_list<DType> allowed) {
+    for (DType d : allowed)
+      if (cache.dtype == d) return;
+    const std::string with_format =
+        detail::str_cat(name, " (kv_cache_dtype ", kv_cache_dtype_name(kv_dtype), ")");
+    detail::check_dtype(op, with_format.c_str(), cache, allowed);
+  };
   switch (kv_dtype) {
     case KvCacheDType::kAuto:
-      detail::check_float_activation(op, with_format.c_str(), cache);
+      check_format_dtype({DType::kF32, DType::kF16, DType::kBF16});
       detail::check_size(op, name, cache, 2, dims.entry_dim());
       break;
     case KvCacheDType::kFp8E4m3:
-      detail::check_dtype(op, with_format.c_str(), cache, {DType::kU8, DType::kFp8E4m3});
+      check_format_dtype({DType::kU8, DType::kFp8E4m3});
       detail::check_size(op, name, cache, 2, dims.entry_dim());
       break;
     case KvCacheDType::kFp8DsMla:
@@ -71,7 +78,7 @@ void check_kv_cache(const char* op, const char* name, const TensorView& cache,
               ": kv_lora_rank must be 512 for fp8_ds_mla, got ", dims.kv_lora_rank);
       require(dims.qk_rope_head_dim == kDsMlaRopeDim, ErrorCode::kInvalidArgument, op,
               ": qk_rope_head_dim must be 64 for fp8_ds_mla, got ", dims.qk_rope_head_dim);
-      detail::check_dtype(op, with_format.c_str(), cache, {DType::kU8});
+      check_format_dtype({DType::kU8});
       detail::check_size(op, name, cache, 2, kDsMlaEntryBytes);
       break;
   }

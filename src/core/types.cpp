@@ -109,10 +109,10 @@ TensorView TensorView::transpose(int dim0, int dim1) const {
 
 TensorView TensorView::reshape(std::initializer_list<int64_t> new_shape) const {
   require(is_contiguous(), ErrorCode::kInvalidArgument, "reshape needs a contiguous tensor, got ",
-          to_string());
+          detail::view_text(*this));
   TensorView t = contiguous(data, dtype, new_shape, device);
-  require(t.numel() == numel(), ErrorCode::kInvalidArgument, "reshape of ", to_string(), " to ",
-          detail::shape_string(t), " changes the element count");
+  require(t.numel() == numel(), ErrorCode::kInvalidArgument, "reshape of ",
+          detail::view_text(*this), " to ", detail::shape_string(t), " changes the element count");
   return t;
 }
 
@@ -125,10 +125,7 @@ TensorView TensorView::with_dtype(DType new_dtype) const {
   return t;
 }
 
-std::string TensorView::to_string() const {
-  return detail::str_cat(detail::shape_string(*this), ' ', dtype_name(dtype), ' ',
-                         device_name(device));
-}
+std::string TensorView::to_string() const { return detail::str_cat(detail::view_text(*this)); }
 
 Tensor Tensor::empty(std::span<const int64_t> shape, DType dtype, Device device) {
   Tensor t;

@@ -8,7 +8,7 @@ namespace mlakit::detail {
 
 namespace {
 void check_cuda(cudaError_t status, const char* what, Device device) {
-  require(status == cudaSuccess, ErrorCode::kBackend, what, " on ", device_name(device),
+  require(status == cudaSuccess, ErrorCode::kBackend, what, " on ", device_text(device),
           " failed: ", cudaGetErrorString(status));
 }
 
@@ -27,7 +27,7 @@ class DeviceGuard {
 }  // namespace
 
 void* device_malloc(Device device, int64_t bytes) {
-  require(device.is_cuda(), ErrorCode::kInternal, "device_malloc called for ", device_name(device));
+  require(device.is_cuda(), ErrorCode::kInternal, "device_malloc called for ", device_text(device));
   DeviceGuard guard(device);
   void* ptr = nullptr;
   check_cuda(cudaMalloc(&ptr, static_cast<size_t>(bytes)),

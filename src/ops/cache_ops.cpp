@@ -11,8 +11,10 @@
 #include <utility>
 
 #include "core/check.hpp"
+#include "cpu/elementwise.hpp"
 #include "mlakit/kv_cache.hpp"
 #include "mlakit/ops.hpp"
+#include "ops/cache_write_with_q_rope.hpp"
 
 #ifdef MLAKIT_WITH_CUDA
 #include "cuda/cache/launch.hpp"
@@ -24,6 +26,7 @@ namespace {
 using detail::require;
 
 constexpr const char* kConcatOp = "concat_and_cache_mla";
+constexpr const char* kConcatWithQRopeOp = "concat_and_cache_mla_with_q_rope";
 constexpr const char* kGatherOp = "gather_and_maybe_dequant_cache";
 constexpr const char* kCpGatherOp = "cp_gather_cache";
 constexpr const char* kGatherRowsOp = "gather_rows_and_maybe_dequant";
@@ -95,11 +98,16 @@ void check_entry_widths(const TensorView& kv_c, const TensorView& k_pe, const Te
   detail::check_ndim(op, "kv_cache", kv_cache, 3);
   int64_t sum = 0;  // an empty kv_c may claim any width: the sum may overflow
   const bool overflow = __builtin_add_overflow(rank, rope, &sum);
-  require(!overflow && sum == kv_cache.size(2), ErrorCode::kInvalidArgument, op,
-          ": kv_c.shape[1] + k_pe.shape[1] (L + R) must add up to the cache entry width "
-          "kv_cache.shape[2] = ",
-          kv_cache.size(2), ", got ", rank, " + ", rope,
-          overflow ? std::string(" (overflows int64)") : detail::str_cat(" = ", sum));
+  if (!overflow && sum == kv_cache.size(2))
+    return;  // the message below costs a stream: build
+             // it only on failure
+  detail::fail(
+      ErrorCode::kInvalidArgument,
+      detail::str_cat(op,
+                      ": kv_c.shape[1] + k_pe.shape[1] (L + R) must add up to the cache "
+                      "entry width kv_cache.shape[2] = ",
+                      kv_cache.size(2), ", got ", rank, " + ", rope,
+                      overflow ? std::string(" (overflows int64)") : detail::str_cat(" = ", sum)));
 }
 
 void validate_concat_and_cache_mla(const TensorView& kv_c, const TensorView& k_pe,
@@ -137,6 +145,30 @@ void validate_concat_and_cache_mla(const TensorView& kv_c, const TensorView& k_p
   }
   if (kv_dtype == KvCacheDType::kFp8E4m3) check_fp8_scale(op, "scale", scale);
   check_cache_entries_disjoint(op, "kv_cache", kv_cache);
+}
+
+// The rope parts of concat_and_cache_mla_with_q_rope: [Td, N, R] views of one dtype and shape,
+// dst's elements distinct (heads R or more apart, tokens N heads or more apart).
+void validate_q_rope(const TensorView& src, const TensorView& dst) {
+  const char* op = kConcatWithQRopeOp;
+  detail::check_storage(op, "q_rope_src", src);
+  detail::check_storage(op, "q_rope_dst", dst);
+  detail::check_ndim(op, "q_rope_src", src, 3);
+  detail::check_ndim(op, "q_rope_dst", dst, 3);
+  detail::check_float_activation(op, "q_rope_src", src);
+  require(dst.dtype == src.dtype, ErrorCode::kInvalidArgument, op,
+          ": q_rope_dst must have the dtype of q_rope_src (", dtype_name(src.dtype), "), got ",
+          dtype_name(dst.dtype));
+  for (int d = 0; d < 3; ++d) detail::check_size(op, "q_rope_dst", dst, d, src.shape[d]);
+  detail::check_inner_contiguous(op, "q_rope_src", src);
+  detail::check_inner_contiguous(op, "q_rope_dst", dst);
+  if (dst.numel() == 0) return;
+  const bool heads_apart = dst.shape[1] == 1 || dst.strides[1] >= dst.shape[2];
+  const bool tokens_apart =
+      dst.shape[0] == 1 || dst.strides[0] >= (dst.shape[1] - 1) * dst.strides[1] + dst.shape[2];
+  require(heads_apart && tokens_apart, ErrorCode::kInvalidArgument, op,
+          ": q_rope_dst elements must not overlap, got strides ", detail::strides_string(dst),
+          " for shape ", detail::shape_string(dst));
 }
 
 void validate_gather_and_maybe_dequant_cache(const TensorView& src_cache, const TensorView& dst,
@@ -260,6 +292,31 @@ void concat_and_cache_mla(const TensorView& kv_c, const TensorView& k_pe,
 #endif
   }
   cpu::concat_and_cache_mla(kv_c, k_pe, kv_cache, slot_mapping, kv_cache_dtype, scale);
+}
+
+void concat_and_cache_mla_with_q_rope(const TensorView& kv_c, const TensorView& k_pe,
+                                      const TensorView& kv_cache, const TensorView& slot_mapping,
+                                      KvCacheDType kv_cache_dtype, float scale,
+                                      const TensorView& q_rope_src, const TensorView& q_rope_dst,
+                                      [[maybe_unused]] Stream stream) {
+  const Device device = detail::common_device(kConcatWithQRopeOp, {{"kv_c", &kv_c},
+                                                                   {"k_pe", &k_pe},
+                                                                   {"kv_cache", &kv_cache},
+                                                                   {"slot_mapping", &slot_mapping},
+                                                                   {"q_rope_src", &q_rope_src},
+                                                                   {"q_rope_dst", &q_rope_dst}});
+  validate_concat_and_cache_mla(kv_c, k_pe, kv_cache, slot_mapping, kv_cache_dtype, scale);
+  validate_q_rope(q_rope_src, q_rope_dst);
+  if (device.is_cuda()) {
+#ifdef MLAKIT_WITH_CUDA
+    return cuda::concat_and_cache_mla(kv_c, k_pe, kv_cache, slot_mapping, kv_cache_dtype, scale,
+                                      q_rope_src, q_rope_dst, stream);
+#else
+    detail::unsupported_device(kConcatWithQRopeOp, device);
+#endif
+  }
+  cpu::concat_and_cache_mla(kv_c, k_pe, kv_cache, slot_mapping, kv_cache_dtype, scale);
+  cpu::copy(q_rope_src, q_rope_dst);
 }
 
 void gather_and_maybe_dequant_cache(const TensorView& src_cache, const TensorView& dst,

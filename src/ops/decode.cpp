@@ -74,7 +74,7 @@ void check_schedule_kind(const DecodeSchedule& s, Device device) {
             "got a host-split schedule");
   } else {
     require(s.kind == DecodeScheduleKind::kHostSplits, ErrorCode::kInvalidArgument, kOp, ": ",
-            device_name(device),
+            detail::device_text(device),
             " tensors need a host-split schedule (plan_mla_decode with the CPU device and the "
             "seq_lens), got a device-planned schedule");
   }

@@ -15,8 +15,8 @@ void copy(const TensorView& src, const TensorView& dst, [[maybe_unused]] Stream 
   detail::check_storage(kOp, "src", src);
   detail::check_storage(kOp, "dst", dst);
   detail::require(src.ndim == dst.ndim, ErrorCode::kInvalidArgument, kOp,
-                  ": src and dst must have the same rank, got ", src.to_string(), " and ",
-                  dst.to_string());
+                  ": src and dst must have the same rank, got ", detail::view_text(src), " and ",
+                  detail::view_text(dst));
   for (int d = 0; d < src.ndim; ++d) detail::check_size(kOp, "dst", dst, d, src.shape[d]);
   if (!(src.device == dst.device)) {  // a transfer: raw bytes, same dtype, dense on both sides
     detail::require(src.dtype == dst.dtype, ErrorCode::kInvalidArgument, kOp,

@@ -5,6 +5,7 @@
 #include <array>
 #include <climits>
 #include <optional>
+#include <ostream>
 
 #include "core/check.hpp"
 #include "cpu/matmul.hpp"
@@ -68,6 +69,18 @@ bool has_no_self_overlap(const TensorView& t) {
   return true;
 }
 
+// " (a [..], w [..], c [..])" for messages, formatted only when a check fails (this runs on every
+// call: an eagerly built string would cost a stream and three shape strings each time).
+struct ShapesNote {
+  const TensorView& a;
+  const TensorView& w;
+  const TensorView& c;
+};
+std::ostream& operator<<(std::ostream& os, const ShapesNote& s) {
+  return os << " (a " << shape_string(s.a) << ", w " << shape_string(s.w) << ", c "
+            << shape_string(s.c) << ")";
+}
+
 void check_blas_int(const char* what, int64_t value) {
   require(value <= INT_MAX, ErrorCode::kUnsupported, kOp, ": ", what,
           " must fit the 32-bit BLAS integer (<= ", INT_MAX, "), got ", value);
@@ -92,8 +105,7 @@ BatchedGemm describe_batched_matmul(const TensorView& a, const TensorView& w, co
   g.m = a.shape[1];
   g.k = a.shape[2];
   g.n = w.shape[2];
-  const std::string shapes =
-      str_cat(" (a ", shape_string(a), ", w ", shape_string(w), ", c ", shape_string(c), ")");
+  const ShapesNote shapes{a, w, c};
   require(w.shape[0] == g.batch, ErrorCode::kInvalidArgument, kOp,
           ": w.shape[0] must equal the batch a.shape[0] = ", g.batch, ", got ", w.shape[0], shapes);
   require(w.shape[1] == g.k, ErrorCode::kInvalidArgument, kOp,

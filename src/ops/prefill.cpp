@@ -56,10 +56,13 @@ void check_prefill_layout(const TensorView& q, const TensorView& k_nope, const T
   check_size_matches(kOp, "v", v, 1, "q", q, 1, "heads N");
   int64_t head_dim = 0;  // empty keys may claim any widths: the sum may overflow
   const bool overflow = __builtin_add_overflow(nope, rope, &head_dim);
-  require(!overflow && q.shape[2] == head_dim, ErrorCode::kInvalidArgument, kOp,
-          ": q.shape[2] must equal k_nope.shape[2] + k_pe.shape[1] (", nope, " + ", rope,
-          overflow ? std::string(", which overflows int64") : str_cat(" = ", head_dim), "), got ",
-          q.shape[2]);
+  if (overflow || q.shape[2] != head_dim) {  // the message costs a stream: built on failure only
+    detail::fail(
+        ErrorCode::kInvalidArgument,
+        str_cat(kOp, ": q.shape[2] must equal k_nope.shape[2] + k_pe.shape[1] (", nope, " + ", rope,
+                overflow ? std::string(", which overflows int64") : str_cat(" = ", head_dim),
+                "), got ", q.shape[2]));
+  }
   require(nope + rope >= 1, ErrorCode::kInvalidArgument, kOp,
           ": the query/key head size k_nope.shape[2] + k_pe.shape[1] must be at least 1, got 0");
   check_min_size(kOp, "v", v, 2, 1);

@@ -51,6 +51,30 @@ TEST(CudaForward, MixedBatchesEveryCacheFormat) {
   }
 }
 
+// Decode-only steps: the queries' rope part rides on the cache write (one launch for both,
+// docs/attention.md), in every cache format, alone and with layers sharing one StepPlan.
+TEST(CudaForward, DecodeOnlyStepsEveryCacheFormat) {
+  if (!has_gpu()) GTEST_SKIP() << "no CUDA device on this machine: GPU test skipped";
+  uint64_t stream = 1050;
+  for (KvCacheDType kv : {KvCacheDType::kAuto, KvCacheDType::kFp8E4m3, KvCacheDType::kFp8DsMla}) {
+    for (DType act : {DType::kBF16, DType::kF16}) {
+      for (bool step_plan : {false, true}) {
+        E2eCase c = gpu_case("decode_only", kDeepSeek16, act, kv, 64, {1, 65, 200, 33},
+                             {1, 1, 1, 1}, stream++);
+        c.step_plan = step_plan;
+        c.num_layers = step_plan ? 2 : 1;
+        if (kv == KvCacheDType::kFp8E4m3) {
+          c.q_scale = 2;
+          c.k_scale = 3;
+        }
+        SCOPED_TRACE(std::string(kv_cache_dtype_name(kv)) + "/" + dtype_name(act) +
+                     (step_plan ? "/step plan" : ""));
+        EXPECT_EQ(run_e2e_case(c).num_decodes, 4);
+      }
+    }
+  }
+}
+
 TEST(CudaForward, SpeculativeDecodeAndBlockSizes) {
   if (!has_gpu()) GTEST_SKIP() << "no CUDA device on this machine: GPU test skipped";
   uint64_t stream = 1100;

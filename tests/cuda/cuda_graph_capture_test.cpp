@@ -1,7 +1,8 @@
-// The CUDA ops are graph-capturable: a step of cache write, gathers, copies, fill, fp8
-// quantization and a mixed-dtype batched matmul is captured on a stream, replayed, and must give
-// the same bytes as the same step run eagerly (a host sync or an allocation in any op would
-// invalidate the capture). A call that would have to allocate during capture throws instead.
+// The CUDA ops are graph-capturable: a step of cache writes (one with the queries' rope part),
+// gathers, copies, fill, fp8 quantization and a mixed-dtype batched matmul is captured on a stream,
+// replayed, and must give the same bytes as the same step run eagerly (a host sync or an allocation
+// in any op would invalidate the capture). A call that would have to allocate during capture throws
+// instead.
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
@@ -10,12 +11,14 @@
 #include <random>
 #include <vector>
 
+#include "common/gemm_reference.hpp"
 #include "common/test_util.hpp"
 #include "cuda/elementwise/launch.hpp"
 #include "gpu_test_util.hpp"
 #include "mlakit/error.hpp"
 #include "mlakit/kv_cache.hpp"
 #include "mlakit/ops.hpp"
+#include "ops/cache_write_with_q_rope.hpp"
 
 namespace mlakit {
 namespace {
@@ -37,7 +40,7 @@ class CudaStream {
 struct Step {
   static constexpr int64_t kTokens = 24, kBlocks = 8, kBlockSize = 16, kHeads = 4;
   Mirrored kv_c, k_pe, slots, cache, cache_fp8, table, cu, tts, starts, gathered, cp_dst, q, q_fp8,
-      o_lat, w_uv, out, zeros;
+      o_lat, w_uv, out, zeros, cache_ds, ql;
 
   explicit Step(std::mt19937_64& rng)
       : kv_c(test::random_tensor(rng, {kTokens, 512}, DType::kBF16)),
@@ -56,7 +59,9 @@ struct Step {
         o_lat(test::random_tensor(rng, {kTokens, kHeads, 512}, DType::kF32)),
         w_uv(test::random_tensor(rng, {kHeads, 512, 128}, DType::kBF16)),
         out(test::nan_tensor({kTokens, kHeads * 128}, DType::kBF16)),
-        zeros(test::nan_tensor({kTokens, kHeads, 40}, DType::kF32)) {}
+        zeros(test::nan_tensor({kTokens, kHeads, 40}, DType::kF32)),
+        cache_ds(test::nan_tensor({kBlocks, kBlockSize, kDsMlaEntryBytes}, DType::kU8)),
+        ql(test::nan_tensor({kTokens, kHeads, 576}, DType::kBF16)) {}
 
   static std::vector<int64_t> shuffled_slots(std::mt19937_64& rng) {
     std::vector<int64_t> s(kBlocks * kBlockSize);
@@ -91,11 +96,16 @@ struct Step {
                             {128, kHeads * 128, 1}, Device::cuda(0)),
         s);
     ops::fill_zero(zeros.device.view().narrow(2, 4, 32), s);
+    // The decode layer's cache write with the queries' rope part (one launch).
+    ops::concat_and_cache_mla_with_q_rope(
+        kv_c.device, k_pe.device, cache_ds.device, slots.device, KvCacheDType::kFp8DsMla, 1.0f,
+        q.device.view().narrow(2, 128, 64), ql.device.view().narrow(2, 512, 64), s);
   }
 
   // Poisons the outputs again (host copies are still poisoned).
   void reset(cudaStream_t s) const {
-    for (const Mirrored* m : {&cache, &cache_fp8, &gathered, &cp_dst, &q_fp8, &out, &zeros}) {
+    for (const Mirrored* m :
+         {&cache, &cache_fp8, &gathered, &cp_dst, &q_fp8, &out, &zeros, &cache_ds, &ql}) {
       EXPECT_EQ(cudaMemcpyAsync(m->device.view().data, m->host.view().data,
                                 test::storage_bytes(m->host), cudaMemcpyHostToDevice, s),
                 cudaSuccess);
@@ -105,7 +115,8 @@ struct Step {
 
   std::vector<Tensor> outputs() const {
     std::vector<Tensor> r;
-    for (const Mirrored* m : {&cache, &cache_fp8, &gathered, &cp_dst, &q_fp8, &out, &zeros})
+    for (const Mirrored* m :
+         {&cache, &cache_fp8, &gathered, &cp_dst, &q_fp8, &out, &zeros, &cache_ds, &ql})
       r.push_back(test::to_host(m->device));
     return r;
   }
@@ -175,6 +186,34 @@ TEST(CudaGraphCapture, MatmulThatMustAllocateRefusesCapture) {
   EXPECT_NO_THROW(ops::batched_matmul(a.device, w.device, c.device, stream.stream()));
   graph = nullptr;
   ASSERT_EQ(cudaStreamEndCapture(stream.get(), &graph), cudaSuccess);
+  cudaGraphDestroy(graph);
+}
+
+// A GEMM problem first seen during capture (the stream's cuBLAS context exists): its cuBLASLt
+// plan is made then (host work only: descriptors and a heuristic query), and the captured call
+// replays the bits of the same call run eagerly afterwards (which reuses that plan).
+TEST(CudaGraphCapture, NewGemmProblemPlansDuringCapture) {
+  MLAKIT_SKIP_WITHOUT_GPU();
+  auto rng = test::make_rng(303);
+  const Mirrored a(test::random_tensor(rng, {3, 37, 96}, DType::kBF16));
+  const Mirrored w(test::random_tensor(rng, {3, 96, 72}, DType::kBF16));
+  const Mirrored c(test::nan_tensor({3, 37, 72}, DType::kBF16));
+  const CudaStream stream;
+  ops::prepare_stream(Device::cuda(0), stream.stream());
+  cudaGraph_t graph = nullptr;
+  ASSERT_EQ(cudaStreamBeginCapture(stream.get(), cudaStreamCaptureModeGlobal), cudaSuccess);
+  EXPECT_NO_THROW(ops::batched_matmul(a.device, w.device, c.device, stream.stream()));
+  ASSERT_EQ(cudaStreamEndCapture(stream.get(), &graph), cudaSuccess);
+  cudaGraphExec_t exec = nullptr;
+  ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
+  ASSERT_EQ(cudaGraphLaunch(exec, stream.get()), cudaSuccess);
+  ASSERT_EQ(cudaStreamSynchronize(stream.get()), cudaSuccess);
+  const Tensor replayed = test::to_host(c.device);
+  EXPECT_EQ(test::count_nan(replayed.view()), 0) << "the replay left elements of c unwritten";
+  ops::batched_matmul(a.device, w.device, c.device, stream.stream());
+  ASSERT_EQ(cudaStreamSynchronize(stream.get()), cudaSuccess);
+  EXPECT_TRUE(test::same_bits(replayed, test::to_host(c.device), false));
+  cudaGraphExecDestroy(exec);
   cudaGraphDestroy(graph);
 }
 

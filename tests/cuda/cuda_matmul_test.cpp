@@ -13,6 +13,7 @@
 
 #include "common/gemm_reference.hpp"
 #include "common/test_util.hpp"
+#include "cuda/gemm/cublas_context.hpp"
 #include "gpu_test_util.hpp"
 #include "mlakit/dtype.hpp"
 #include "mlakit/error.hpp"
@@ -153,6 +154,52 @@ TEST(CudaBatchedMatmul, BroadcastWeightAndLargeScratch) {
   const Operand w = make_gemm_operand(rng, 8, 600, 64, DType::kBF16, true, 0);
   const Operand c = make_gemm_operand(rng, 8, 512, 64, DType::kF16, false, 0, true);  // + f32 tile
   run_and_check(a, w, c);
+}
+
+// The cuBLASLt plans of the default stream's context (docs/kernels/gemm_cuda.md, "Plans").
+size_t default_stream_plans() { return cuda::cublas_context(nullptr, "test").lt_plans.size(); }
+
+// A repeated call reuses its plan (the cache does not grow) and writes the same bits; the same
+// problem on an operand moved off its 256-byte alignment gets a plan of its own and is right.
+TEST(CudaBatchedMatmul, PlansAreReusedAndKeyedByAlignment) {
+  MLAKIT_SKIP_WITHOUT_GPU();
+  auto rng = test::make_rng(206);
+  Operand a = make_gemm_operand(rng, 3, 40, 64, DType::kBF16, false, 1);
+  const Operand w = make_gemm_operand(rng, 3, 64, 48, DType::kBF16, true, 0);
+  const Operand c = make_gemm_operand(rng, 3, 40, 48, DType::kBF16, false, 0, true);
+  run_and_check(a, w, c);
+  const size_t plans = default_stream_plans();
+  const Mirrored d_a(a.storage), d_w(w.storage), d_c(c.storage);
+  ops::batched_matmul(d_a.on_device(a.view), d_w.on_device(w.view), d_c.on_device(c.view));
+  const Tensor first = test::to_host(d_c.device);
+  ops::batched_matmul(d_a.on_device(a.view), d_w.on_device(w.view), d_c.on_device(c.view));
+  EXPECT_TRUE(test::same_bits(first, test::to_host(d_c.device), false));
+  EXPECT_EQ(default_stream_plans(), plans) << "a repeated problem was planned again";
+  // One element on (pad 1 leaves room at the end of each row): 2-byte aligned rows of a.
+  a.view.data = static_cast<char*>(a.view.data) + dtype_size(DType::kBF16);
+  run_and_check(a, w, c);
+  EXPECT_EQ(default_stream_plans(), plans + 1) << "a less aligned operand reused a plan";
+}
+
+// More distinct problems than the cache holds: it stays bounded (emptied when full) and every
+// call is still right.
+TEST(CudaBatchedMatmul, PlanCacheStaysBounded) {
+  MLAKIT_SKIP_WITHOUT_GPU();
+  auto rng = test::make_rng(207);
+  constexpr int64_t kRows = cuda::LtPlanCache::kMaxPlans + 8;  // every row count a problem
+  const Operand a = make_gemm_operand(rng, 1, kRows, 16, DType::kF32, false, 0);
+  const Operand w = make_gemm_operand(rng, 1, 16, 8, DType::kF32, false, 0);
+  const Operand c = make_gemm_operand(rng, 1, kRows, 8, DType::kF32, false, 0, true);
+  const Mirrored d_a(a.storage), d_w(w.storage), d_c(c.storage);
+  for (int64_t m = 1; m <= kRows; ++m) {
+    ops::batched_matmul(d_a.on_device(a.view).narrow(1, 0, m), d_w.on_device(w.view),
+                        d_c.on_device(c.view).narrow(1, 0, m));
+    ASSERT_LE(default_stream_plans(), cuda::LtPlanCache::kMaxPlans);
+  }
+  const Tensor got = test::to_host(d_c.device);  // the last call wrote every row
+  EXPECT_TRUE(test::within_gemm_bound(test::mirror(c.view, c.storage, got),
+                                      test::reference_bmm(a.view, w.view), 16,
+                                      kTensorCoreUnitRoundoff));
 }
 
 TEST(CudaBatchedMatmul, ZeroSizes) {

@@ -19,6 +19,13 @@ __device__ __forceinline__ int64_t grid_warps() {
   return static_cast<int64_t>(gridDim.x) * blockDim.x / kWarpSize;
 }
 __device__ __forceinline__ int lane_id() { return threadIdx.x % kWarpSize; }
+// This thread among all threads of the grid, and the number of threads of the grid.
+__device__ __forceinline__ int64_t global_thread() {
+  return static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+}
+__device__ __forceinline__ int64_t grid_threads() {
+  return static_cast<int64_t>(gridDim.x) * blockDim.x;
+}
 
 __device__ __forceinline__ char* entry_at(const CacheLayout& c, int64_t block, int64_t offset) {
   return c.data + block * c.block_bytes + offset * c.slot_bytes;

@@ -21,6 +21,13 @@ namespace mlakit::cuda {
 void concat_and_cache_mla(const TensorView& kv_c, const TensorView& k_pe,
                           const TensorView& kv_cache, const TensorView& slot_mapping,
                           KvCacheDType kv_dtype, float k_scale, Stream stream);
+// The same launch also copies q_rope_dst = q_rope_src bit for bit
+// (ops/cache_write_with_q_rope.hpp): q_rope_src: [Td, N, R]  activation dtype, last dim contiguous
+// q_rope_dst: [Td, N, R]  same dtype, last dim contiguous, elements distinct; both empty: no copy
+void concat_and_cache_mla(const TensorView& kv_c, const TensorView& k_pe,
+                          const TensorView& kv_cache, const TensorView& slot_mapping,
+                          KvCacheDType kv_dtype, float k_scale, const TensorView& q_rope_src,
+                          const TensorView& q_rope_dst, Stream stream);
 
 // src_cache:    [num_blocks, block_size, entry_width]
 // dst:          [>= num_tokens, W]  f32/f16/bf16, last dim contiguous (W = 576 for fp8_ds_mla)

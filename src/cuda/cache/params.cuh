@@ -16,6 +16,21 @@ struct CacheLayout {
   int64_t block_size = 0;
 };
 
+// rows x heads runs of `units` raw units (unit_bytes each, a power of two <= 16) copied bit for bit
+// by every thread of a launch, grid-stride (HeadRowsCopy with rows 0 copies nothing).
+struct HeadRowsCopy {
+  const char* src = nullptr;  // [rows, heads, units * unit_bytes bytes]
+  int64_t src_row_bytes = 0;
+  int64_t src_head_bytes = 0;
+  char* dst = nullptr;  // [rows, heads, units * unit_bytes bytes]
+  int64_t dst_row_bytes = 0;
+  int64_t dst_head_bytes = 0;
+  int64_t rows = 0;
+  int64_t heads = 0;
+  int64_t units = 0;  // per (row, head)
+  int unit_bytes = 1;
+};
+
 struct CacheWriteParams {
   const char* kv_c = nullptr;  // [T', L] activation dtype, rows kv_c_row_bytes apart
   int64_t kv_c_row_bytes = 0;
@@ -30,6 +45,9 @@ struct CacheWriteParams {
   int64_t elem_bytes = 0;          // bytes of one activation value
   float k_scale = 1.0f;            // kFp8E4m3: stored = e4m3(x / k_scale)
   uint32_t* error_word = nullptr;  // device_errors.hpp
+  // concat_and_cache_mla_with_q_rope: the decode queries' rope part [Td, N, R] into the absorbed
+  // query buffer, by the same launch; rows 0 otherwise.
+  HeadRowsCopy q_rope;
 };
 
 // How a request of a gather addresses the cache: block_table[b, pos / block_size].

@@ -1,6 +1,7 @@
 // concat_and_cache_mla kernels (spec A.3): one warp per token, grid-stride over tokens. The warp
 // reads the token's slot once (a broadcast load), then its lanes move consecutive units of the
-// entry, so each warp access is contiguous.
+// entry, so each warp access is contiguous. Each kernel first moves its share of p.q_rope (the
+// decode queries' rope part, concat_and_cache_mla_with_q_rope; nothing when p.q_rope.rows is 0).
 #pragma once
 
 #include <cfloat>
@@ -13,10 +14,24 @@
 
 namespace mlakit::cuda {
 
+// Every thread moves units i = global_thread() + j * grid_threads() of the copy, numbered
+// (row, head, unit) with the unit fastest: consecutive lanes touch consecutive bytes.
+__device__ __forceinline__ void copy_head_rows(const HeadRowsCopy& c) {
+  const int64_t total = c.rows * c.heads * c.units;
+  for (int64_t i = global_thread(); i < total; i += grid_threads()) {
+    const int64_t unit = i % c.units, run = i / c.units;
+    const int64_t head = run % c.heads, row = run / c.heads;
+    const int64_t offset = unit * c.unit_bytes;
+    copy_unit_of(c.unit_bytes, c.src + row * c.src_row_bytes + head * c.src_head_bytes + offset,
+                 c.dst + row * c.dst_row_bytes + head * c.dst_head_bytes + offset);
+  }
+}
+
 // kAuto: entry = [kv_c | k_pe] bit for bit, in raw units of kUnit bytes (kUnit divides both
 // parts, every row stride and the entry strides).
 template <int kUnit>
 __global__ void write_raw_kernel(const __grid_constant__ CacheWriteParams p) {
+  copy_head_rows(p.q_rope);
   const int64_t latent_bytes = p.latent * p.elem_bytes;
   const int64_t units = (p.latent + p.rope) * p.elem_bytes / kUnit;
   for (int64_t t = global_warp(); t < p.num_tokens; t += grid_warps()) {
@@ -34,6 +49,7 @@ __global__ void write_raw_kernel(const __grid_constant__ CacheWriteParams p) {
 // kFp8E4m3: entry[i] = e4m3(x[i] / k_scale), packs of kVec values (kVec divides L and R).
 template <class In, int kVec>
 __global__ void write_fp8_kernel(const __grid_constant__ CacheWriteParams p) {
+  copy_head_rows(p.q_rope);
   constexpr int64_t kInBytes = sizeof(typename In::Storage);
   const int64_t packs = (p.latent + p.rope) / kVec;
   const DivideBy op{p.k_scale};
@@ -56,6 +72,7 @@ __global__ void write_fp8_kernel(const __grid_constant__ CacheWriteParams p) {
 // input row and cache entry start is 16-byte aligned (vector accesses); else byte/element ones.
 template <class In, bool kAligned>
 __global__ void write_ds_mla_kernel(const __grid_constant__ CacheWriteParams p) {
+  copy_head_rows(p.q_rope);
   static_assert(sizeof(typename In::Storage) == 2, "fp8_ds_mla stores 16-bit rope values");
   using Half8 = Pack<uint16_t, 8>;
   for (int64_t t = global_warp(); t < p.num_tokens; t += grid_warps()) {

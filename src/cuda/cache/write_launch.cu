@@ -1,8 +1,11 @@
 // Grid and dispatch of concat_and_cache_mla (write_kernel.cuh).
+#include <algorithm>
+
 #include "cuda/cache/launch.hpp"
 #include "cuda/cache/launch_common.cuh"
 #include "cuda/cache/write_kernel.cuh"
 #include "cuda/common/device_errors.hpp"
+#include "cuda/common/launch.cuh"
 #include "cuda/common/runtime.hpp"
 
 namespace mlakit::cuda {
@@ -11,11 +14,14 @@ namespace {
 
 constexpr const char* kOp = "concat_and_cache_mla";
 
+// A warp per token for the entries, and a thread per unit of the q rope copy (if any).
 template <class Kernel>
 void launch(Kernel kernel, const char* name, const CacheWriteParams& p, cudaStream_t stream) {
-  const int64_t blocks = grid_blocks(p.num_tokens, kWarpsPerBlock);
-  kernel<<<static_cast<unsigned>(blocks), kThreadsPerBlock, 0, stream>>>(p);
-  check_launch(kOp, name);
+  const HeadRowsCopy& q = p.q_rope;
+  const int64_t blocks = std::max(grid_blocks(p.num_tokens, kWarpsPerBlock),
+                                  grid_blocks(q.rows * q.heads * q.units, kThreadsPerBlock));
+  launch_kernel(kOp, name, kernel, dim3(static_cast<unsigned>(blocks)), dim3(kThreadsPerBlock), 0,
+                stream, p);
 }
 
 void write_auto(const CacheWriteParams& p, cudaStream_t stream) {
@@ -62,12 +68,45 @@ void write_ds_mla(DType act, const CacheWriteParams& p, cudaStream_t stream) {
   });
 }
 
+// [rows, heads, width] views of one dtype, last dimension contiguous, as a raw copy in the
+// widest units that every start, row and head offset and the run length are multiples of.
+// No copy (rows 0) for an empty or default (0-dimensional) src.
+HeadRowsCopy head_rows_copy(const TensorView& src, const TensorView& dst) {
+  HeadRowsCopy c;
+  if (src.ndim != 3 || src.numel() == 0) return c;
+  const int64_t elem = src.element_size();
+  c.src = static_cast<const char*>(src.data);
+  c.src_row_bytes = src.strides[0] * elem;
+  c.src_head_bytes = src.strides[1] * elem;
+  c.dst = static_cast<char*>(dst.data);
+  c.dst_row_bytes = dst.strides[0] * elem;
+  c.dst_head_bytes = dst.strides[1] * elem;
+  const int64_t run_bytes = src.shape[2] * elem;
+  c.unit_bytes = static_cast<int>(common_alignment(
+      {address(c.src), address(c.dst), static_cast<uint64_t>(c.src_row_bytes),
+       static_cast<uint64_t>(c.src_head_bytes), static_cast<uint64_t>(c.dst_row_bytes),
+       static_cast<uint64_t>(c.dst_head_bytes), static_cast<uint64_t>(run_bytes)}));
+  c.rows = src.shape[0];
+  c.heads = src.shape[1];
+  c.units = run_bytes / c.unit_bytes;
+  return c;
+}
+
 }  // namespace
 
 void concat_and_cache_mla(const TensorView& kv_c, const TensorView& k_pe,
                           const TensorView& kv_cache, const TensorView& slot_mapping,
                           KvCacheDType kv_dtype, float k_scale, Stream stream) {
-  if (slot_mapping.shape[0] == 0) return;
+  concat_and_cache_mla(kv_c, k_pe, kv_cache, slot_mapping, kv_dtype, k_scale, /*q_rope_src=*/{},
+                       /*q_rope_dst=*/{}, stream);
+}
+
+void concat_and_cache_mla(const TensorView& kv_c, const TensorView& k_pe,
+                          const TensorView& kv_cache, const TensorView& slot_mapping,
+                          KvCacheDType kv_dtype, float k_scale, const TensorView& q_rope_src,
+                          const TensorView& q_rope_dst, Stream stream) {
+  const HeadRowsCopy q_rope = head_rows_copy(q_rope_src, q_rope_dst);
+  if (slot_mapping.shape[0] == 0 && q_rope.rows == 0) return;
   DeviceGuard guard(kv_cache.device, kOp);
   CacheWriteParams p;
   p.kv_c = static_cast<const char*>(kv_c.data);
@@ -83,6 +122,7 @@ void concat_and_cache_mla(const TensorView& kv_c, const TensorView& k_pe,
   p.elem_bytes = kv_c.element_size();
   p.k_scale = k_scale;
   p.error_word = device_error_word(kOp);
+  p.q_rope = q_rope;
   const cudaStream_t s = as_cuda_stream(stream);
   switch (kv_dtype) {
     case KvCacheDType::kAuto:

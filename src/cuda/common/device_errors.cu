@@ -78,8 +78,7 @@ struct Symbols {
 Symbols symbols(const char* op) {
   static std::mutex mutex;
   static std::vector<Symbols> by_device;
-  int device = 0;
-  check_cuda(cudaGetDevice(&device), op, "cudaGetDevice");
+  const int device = current_device(op);
   std::lock_guard<std::mutex> lock(mutex);
   if (device >= static_cast<int>(by_device.size())) by_device.resize(device + 1);
   Symbols& s = by_device[device];

@@ -42,6 +42,23 @@ __device__ __forceinline__ void copy_unit(const char* src, char* dst) {
   *reinterpret_cast<U*>(dst) = *reinterpret_cast<const U*>(src);
 }
 
+// copy_unit for a width known only at run time (1, 2, 4, 8 or 16 bytes; uniform across a launch,
+// so the switch costs no divergence).
+__device__ __forceinline__ void copy_unit_of(int bytes, const char* src, char* dst) {
+  switch (bytes) {
+    case 16:
+      return copy_unit<16>(src, dst);
+    case 8:
+      return copy_unit<8>(src, dst);
+    case 4:
+      return copy_unit<4>(src, dst);
+    case 2:
+      return copy_unit<2>(src, dst);
+    default:
+      return copy_unit<1>(src, dst);
+  }
+}
+
 // Converts N elements In -> f32 -> op -> Out; src and dst are aligned for Pack loads/stores.
 template <class In, class Out, int N, class Op>
 __device__ __forceinline__ void convert_pack(const char* src, char* dst, const Op& op) {

@@ -16,6 +16,9 @@ void check_cuda(cudaError_t status, const char* op, const char* what);
 // Call right after a <<<...>>> launch: throws kBackend "<op>: launch of <kernel> failed: ..." when
 // the launch was refused (bad configuration, no kernel image for this GPU, a sticky error).
 void check_launch(const char* op, const char* kernel);
+// A launch call returned `status` (launch.cuh): clears the runtime's last error (a later
+// check_launch must not report it again) and throws as check_launch does.
+[[noreturn]] void fail_launch(const char* op, const char* kernel, cudaError_t status);
 
 inline cudaStream_t as_cuda_stream(Stream stream) {
   return static_cast<cudaStream_t>(stream.handle);
@@ -25,7 +28,9 @@ inline cudaStream_t as_cuda_stream(Stream stream) {
 bool is_capturing(cudaStream_t stream, const char* op);
 
 // Makes `device` current for a scope and restores the caller's device; switches only when needed
-// (cudaGetDevice/cudaSetDevice neither synchronize nor break graph capture).
+// (cudaGetDevice/cudaSetDevice neither synchronize nor break graph capture). While it lives, this
+// thread's current_device() is `device` without asking the runtime, and a nested guard costs no
+// runtime call either. Code inside a guard's scope must not switch devices but through a guard.
 class DeviceGuard {
  public:
   DeviceGuard(Device device, const char* op);
@@ -35,8 +40,14 @@ class DeviceGuard {
 
  private:
   int previous_ = 0;
+  int outer_guarded_ = -1;  // the enclosing guard's device on this thread, -1 for none
   bool switched_ = false;
 };
+
+// The device current on this thread: the innermost live DeviceGuard's (no runtime call), else
+// cudaGetDevice's answer. Every per-device lookup of the backend goes through it, so an op that
+// holds a guard asks the runtime once per call (docs/perf-notes.md, "Engine path").
+int current_device(const char* op);
 
 // Raises `kernel`'s dynamic shared-memory limit to `bytes` on the current device, once per (kernel,
 // device): later calls cost a lookup instead of a driver call on every launch. Not a stream

@@ -2,6 +2,7 @@
 #include "core/check.hpp"
 #include "cuda/common/alignment.hpp"
 #include "cuda/common/dispatch.cuh"
+#include "cuda/common/launch.cuh"
 #include "cuda/common/runtime.hpp"
 #include "cuda/elementwise/kernel.cuh"
 #include "cuda/elementwise/launch.hpp"
@@ -28,8 +29,8 @@ template <class Kernel, class... Args>
 void launch(const char* op, const char* name, Kernel kernel, const RowsLayout& layout,
             cudaStream_t stream, const Args&... args) {
   const int64_t blocks = grid_blocks(layout.rows * layout.units_per_row, kThreads);
-  kernel<<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(args...);
-  check_launch(op, name);
+  launch_kernel(op, name, kernel, dim3(static_cast<unsigned>(blocks)), dim3(kThreads), 0, stream,
+                args...);
 }
 
 // An equal-dtype walk over src and dst (merged as m; src may be dst) in raw units: the widest

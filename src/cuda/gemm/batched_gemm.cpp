@@ -1,5 +1,5 @@
-// cuBLAS batched GEMM: operand types, scratch conversions and the row-major <-> column-major
-// mapping onto cublasGemmStridedBatchedEx.
+// cuBLAS batched GEMM: operand types and scratch conversions; the product itself goes through
+// cuBLASLt with a cached plan (lt_matmul.hpp).
 #include "cuda/gemm/batched_gemm.hpp"
 
 #include <climits>
@@ -7,7 +7,9 @@
 #include "core/check.hpp"
 #include "cuda/common/runtime.hpp"
 #include "cuda/elementwise/launch.hpp"
+#include "cuda/gemm/column_major_gemm.hpp"
 #include "cuda/gemm/cublas_context.hpp"
+#include "cuda/gemm/lt_matmul.hpp"
 
 namespace mlakit::cuda {
 
@@ -19,17 +21,6 @@ using detail::GemmOperand;
 constexpr const char* kOp = "batched_matmul";
 // Scratch parts start on 256-byte boundaries (cudaMalloc's alignment; cuBLAS prefers >= 16).
 constexpr int64_t kScratchAlign = 256;
-
-cudaDataType cuda_type(DType dtype) {
-  switch (dtype) {
-    case DType::kF16:
-      return CUDA_R_16F;
-    case DType::kBF16:
-      return CUDA_R_16BF;
-    default:
-      return CUDA_R_32F;
-  }
-}
 
 // The type a and w are multiplied in: their common type; else the 16-bit one (the f32 operand
 // is rounded to it), or f32 for f16 with bf16.
@@ -73,29 +64,22 @@ int64_t dense_bytes(int64_t copies, int64_t rows, int64_t cols, DType dtype) {
   return round_up(copies * rows * cols * dtype_size(dtype), kScratchAlign);
 }
 
-// c = a @ w for every batch index, all three in cuBLAS-supported types.
-void gemm(cublasHandle_t handle, const GemmOperand& a, const GemmOperand& w, const GemmOperand& c,
-          const BatchedGemm& g) {
+// c = a @ w for every batch index, all three in cuBLAS-supported types: through cuBLASLt with the
+// problem's cached plan, or cublasGemmStridedBatchedEx when cuBLASLt has no algorithm for it.
+void gemm(CublasContext& ctx, const GemmOperand& a, const GemmOperand& w, const GemmOperand& c,
+          const BatchedGemm& g, cudaStream_t stream) {
+  const ColumnMajorGemm cm = column_major_gemm(a, w, c, g);
+  if (lt_matmul(ctx.lt, ctx.lt_plans, cm, ctx.workspace, kCublasWorkspaceBytes, stream, kOp)) {
+    return;
+  }
   const float alpha = 1.0f, beta = 0.0f;
   const auto i32 = [](int64_t v) { return static_cast<int>(v); };
-  cublasStatus_t status;
-  if (c.col_major) {
-    // Column-major c (m x n) = A (m x k) W (k x n): a column-major operand is used as stored, a
-    // row-major one is the transpose of what cuBLAS sees.
-    status = cublasGemmStridedBatchedEx(
-        handle, a.col_major ? CUBLAS_OP_N : CUBLAS_OP_T, w.col_major ? CUBLAS_OP_N : CUBLAS_OP_T,
-        i32(g.m), i32(g.n), i32(g.k), &alpha, a.data, cuda_type(a.dtype), i32(a.ld), a.batch_stride,
-        w.data, cuda_type(w.dtype), i32(w.ld), w.batch_stride, &beta, c.data, cuda_type(c.dtype),
-        i32(c.ld), c.batch_stride, i32(g.batch), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
-  } else {
-    // Row-major c is column-major c^T (n x m) = W^T (n x k) A^T (k x m): swap the operands.
-    status = cublasGemmStridedBatchedEx(
-        handle, w.col_major ? CUBLAS_OP_T : CUBLAS_OP_N, a.col_major ? CUBLAS_OP_T : CUBLAS_OP_N,
-        i32(g.n), i32(g.m), i32(g.k), &alpha, w.data, cuda_type(w.dtype), i32(w.ld), w.batch_stride,
-        a.data, cuda_type(a.dtype), i32(a.ld), a.batch_stride, &beta, c.data, cuda_type(c.dtype),
-        i32(c.ld), c.batch_stride, i32(g.batch), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
-  }
-  check_cublas(status, kOp, "cublasGemmStridedBatchedEx");
+  check_cublas(cublasGemmStridedBatchedEx(
+                   ctx.handle, cm.a.op, cm.b.op, i32(cm.m), i32(cm.n), i32(cm.k), &alpha, cm.a.data,
+                   cm.a.type, i32(cm.a.ld), cm.a.batch_stride, cm.b.data, cm.b.type, i32(cm.b.ld),
+                   cm.b.batch_stride, &beta, cm.d, cm.d_type, i32(cm.ldd), cm.batch_stride_d,
+                   i32(cm.batch), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+               kOp, "cublasGemmStridedBatchedEx");
 }
 
 }  // namespace
@@ -130,11 +114,11 @@ void batched_gemm(const BatchedGemm& g, Device device, Stream stream) {
   const GemmOperand w =
       convert_w ? convert_operand(g.w, g.batch, g.k, g.n, type, scratch + a_bytes, device, stream)
                 : g.w;
-  if (direct_c) return gemm(ctx.handle, a, w, g.c, g);
+  if (direct_c) return gemm(ctx, a, w, g.c, g, s);
   // f32 tile in c's orientation, then rounded into c.
   const int64_t line = g.c.col_major ? g.m : g.n;
   const GemmOperand c32{scratch + a_bytes + w_bytes, DType::kF32, g.c.col_major, line, g.m * g.n};
-  gemm(ctx.handle, a, w, c32, g);
+  gemm(ctx, a, w, c32, g, s);
   cuda::copy(lines_view(c32, g.batch, g.m, g.n, device), lines_view(g.c, g.batch, g.m, g.n, device),
              stream);
 }

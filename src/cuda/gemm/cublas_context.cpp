@@ -11,8 +11,6 @@ namespace mlakit::cuda {
 
 namespace {
 
-// cuBLAS's recommended workspace on Hopper (cublasSetWorkspace documentation): 32 MiB.
-constexpr size_t kWorkspaceBytes = size_t{32} << 20;
 // Smallest scratch: 4 MiB covers the decode V up-projection of 2048 tokens x 16 heads x 512
 // (bf16 a) without growing; larger requests round up to a power of two.
 constexpr int64_t kMinScratchBytes = int64_t{4} << 20;
@@ -37,8 +35,7 @@ void check_cublas(cublasStatus_t status, const char* op, const char* what) {
 }
 
 CublasContext& cublas_context(cudaStream_t stream, const char* op) {
-  int device = 0;
-  check_cuda(cudaGetDevice(&device), op, "cudaGetDevice");
+  const int device = current_device(op);
   Registry& r = registry();
   std::lock_guard<std::mutex> lock(r.mutex);
   std::unique_ptr<CublasContext>& slot = r.contexts[{device, stream}];
@@ -50,9 +47,11 @@ CublasContext& cublas_context(cudaStream_t stream, const char* op) {
   auto ctx = std::make_unique<CublasContext>();
   check_cublas(cublasCreate(&ctx->handle), op, "cublasCreate");
   check_cublas(cublasSetStream(ctx->handle, stream), op, "cublasSetStream");
-  check_cuda(cudaMalloc(&ctx->workspace, kWorkspaceBytes), op, "cudaMalloc(cuBLAS workspace)");
+  check_cuda(cudaMalloc(&ctx->workspace, kCublasWorkspaceBytes), op,
+             "cudaMalloc(cuBLAS workspace)");
+  check_cublas(cublasLtCreate(&ctx->lt), op, "cublasLtCreate");
   // After cublasSetStream, which resets the workspace to cuBLAS's own pool.
-  check_cublas(cublasSetWorkspace(ctx->handle, ctx->workspace, kWorkspaceBytes), op,
+  check_cublas(cublasSetWorkspace(ctx->handle, ctx->workspace, kCublasWorkspaceBytes), op,
                "cublasSetWorkspace");
   slot = std::move(ctx);
   return *slot;

@@ -1,5 +1,6 @@
-// cuBLAS state for batched_matmul, one per (device, stream): a handle bound to the stream, its
-// 32 MiB workspace, and a scratch buffer for mixed-dtype calls (docs/kernels/gemm_cuda.md).
+// cuBLAS state for batched_matmul, one per (device, stream): a cuBLAS handle bound to the stream,
+// a cuBLASLt handle with its plan cache, their shared 32 MiB workspace, and a scratch buffer for
+// mixed-dtype calls (docs/kernels/gemm_cuda.md).
 //
 // Keyed by stream, not by thread: the workspace and the scratch are stream-ordered memory, so two
 // streams sharing them could race, while calls on one stream are ordered anyway. A mutex per
@@ -11,20 +12,28 @@
 // when static destructors run).
 #pragma once
 
+#include <cublasLt.h>
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 
+#include <cstddef>
 #include <cstdint>
 #include <mutex>
 
+#include "cuda/gemm/lt_matmul.hpp"
 #include "mlakit/types.hpp"
 
 namespace mlakit::cuda {
 
+// cuBLAS's recommended workspace on Hopper (cublasSetWorkspace documentation): 32 MiB.
+inline constexpr size_t kCublasWorkspaceBytes = size_t{32} << 20;
+
 struct CublasContext {
-  std::mutex mutex;  // held for a whole batched_matmul call
-  cublasHandle_t handle = nullptr;
-  void* workspace = nullptr;
+  std::mutex mutex;                 // held for a whole batched_matmul call
+  cublasHandle_t handle = nullptr;  // cublasGemmStridedBatchedEx: problems cuBLASLt has no plan for
+  cublasLtHandle_t lt = nullptr;
+  LtPlanCache lt_plans;
+  void* workspace = nullptr;  // kCublasWorkspaceBytes, used by both handles (stream-ordered)
   void* scratch = nullptr;
   int64_t scratch_bytes = 0;
 };

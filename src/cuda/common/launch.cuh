@@ -1,0 +1,28 @@
+// Kernel launches that read their status from the launch call itself (cudaLaunchKernelEx returns
+// it), so a launch costs one runtime call instead of two (<<<...>>> plus cudaGetLastError in
+// check_launch): docs/perf-notes.md, "Engine path". For .cu files.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstddef>
+
+#include "cuda/common/runtime.hpp"
+
+namespace mlakit::cuda {
+
+// kernel<<<grid, block, smem_bytes, stream>>>(args...); throws kBackend "<op>: launch of <name>
+// failed on cuda:N: <CUDA message>" when the launch is refused (fail_launch).
+template <class... Params, class... Args>
+void launch_kernel(const char* op, const char* name, void (*kernel)(Params...), dim3 grid,
+                   dim3 block, size_t smem_bytes, cudaStream_t stream, Args&&... args) {
+  cudaLaunchConfig_t config{};
+  config.gridDim = grid;
+  config.blockDim = block;
+  config.dynamicSmemBytes = smem_bytes;
+  config.stream = stream;
+  const cudaError_t status = cudaLaunchKernelEx(&config, kernel, static_cast<Args&&>(args)...);
+  if (status != cudaSuccess) fail_launch(op, name, status);
+}
+
+}  // namespace mlakit::cuda
