@@ -365,6 +365,36 @@ TEST(MlaDecodeCuda, CacheFormatsScalesAndOutputDtypes) {
   }
 }
 
+// A NaN cache value (e4m3 0xff) makes every row that sees it NaN on both conversion paths (bf16
+// elements: the bit path, which converts a thread's units again exactly when it meets a NaN byte;
+// f16: the conversion pipe); the other requests stay exact. 16- and 64-row CTAs, split and whole.
+TEST(MlaDecodeCuda, NanCacheValuesPropagate) {
+  MLAKIT_SKIP_WITHOUT_GPU();
+  uint64_t stream = 1300;
+  for (KvCacheDType format : {KvCacheDType::kFp8E4m3, KvCacheDType::kFp8DsMla}) {
+    for (DType element : {DType::kBF16, DType::kF16}) {
+      for (int64_t heads : {16, 128}) {
+        Case c;
+        c.seq_lens = {300, 700, 5};
+        c.kv_dtype = format;
+        c.heads = heads;
+        if (format == KvCacheDType::kFp8E4m3) c.q_dtype = element;
+        if (format == KvCacheDType::kFp8DsMla) c.cache_dtype = element;
+        SCOPED_TRACE(c.name());
+        auto rng = test::make_rng(stream++);
+        HostInputs in = make_inputs(c, rng);
+        const Expected ref = reference(c, in.q_kernel, in.k_kernel);
+        poison_fp8_value(c, in, 1, 517, 130);
+        const DeviceInputs d = upload(in);
+        for (int64_t parts : {1, 20}) {
+          const Results r = run_gpu(c, d, parts);
+          expect_nan_request_only(c, r.out, r.lse, ref, 1);
+        }
+      }
+    }
+  }
+}
+
 TEST(MlaDecodeCuda, StridedQueryOutputAndLse) {
   MLAKIT_SKIP_WITHOUT_GPU();
   Case c;

@@ -350,7 +350,33 @@ inline uint32_t e4m3x2_to_f16x2(uint16_t two) {
 inline float2 f16x2_to_float2(uint32_t v) {
   return make_float2(emu::f16_bits(v & 0xffffu), emu::f16_bits(v >> 16));
 }
+// prmt.b32 a, 0, sel (default mode), by the PTX ISA's definition.
+inline uint32_t prmt_b32(uint32_t a, uint32_t sel) {
+  uint32_t r = 0;
+  for (int i = 0; i < 4; ++i) {
+    const uint32_t nibble = (sel >> (4 * i)) & 0xfu, index = nibble & 7u;
+    uint32_t byte = index < 4 ? (a >> (8 * index)) & 0xffu : 0u;
+    if (nibble & 8u) byte = (byte & 0x80u) ? 0xffu : 0u;
+    r |= byte << (8 * i);
+  }
+  return r;
+}
+// mul.rn.bf16x2: each lane's exact product rounded to bf16 (f32 holds every bf16 exactly, and
+// the products the kernels form, by powers of two, are exact in f32).
+inline uint32_t mul_bf16x2(uint32_t a, uint32_t b) {
+  uint32_t r = 0;
+  for (int lane = 0; lane < 2; ++lane) {
+    const float x = emu::bf16_bits((a >> (16 * lane)) & 0xffffu);
+    const float y = emu::bf16_bits((b >> (16 * lane)) & 0xffffu);
+    const __nv_bfloat16 p = __float2bfloat16_rn(x * y);
+    uint16_t bits;
+    std::memcpy(&bits, &p, sizeof(bits));
+    r |= static_cast<uint32_t>(bits) << (16 * lane);
+  }
+  return r;
+}
 struct Bf16Mma {
+  static constexpr bool kBf16 = true;
   static uint32_t pack(float lo, float hi) {
     const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
     uint32_t r;
@@ -366,6 +392,7 @@ struct Bf16Mma {
   }
 };
 struct F16Mma {
+  static constexpr bool kBf16 = false;
   static uint32_t pack(float lo, float hi) {
     const __half2 v = __floats2half2_rn(lo, hi);
     uint32_t r;
@@ -743,6 +770,34 @@ TEST(MlaDecodeEmulated, DsMlaCache) {
   f16.s_q = 2;
   f16.seq_lens = {130};
   check_case(f16, 501, balanced({1}));
+}
+
+// A NaN cache value (e4m3 0xff) makes every row that sees it NaN, whichever conversion path the
+// element type takes (bf16: the bit path, which flags the NaN and converts the thread's units again
+// exactly; f16: the conversion pipe); the other requests stay exact. 16- and 64-row CTAs.
+TEST(MlaDecodeEmulated, NanCacheValuesPropagate) {
+  uint64_t stream = 1300;
+  for (KvCacheDType format : {KvCacheDType::kFp8E4m3, KvCacheDType::kFp8DsMla}) {
+    for (DType element : {DType::kBF16, DType::kF16}) {
+      for (int64_t heads : {16, 64}) {
+        Case c;
+        c.seq_lens = {40, 70};
+        c.kv_dtype = format;
+        c.heads = heads;
+        c.block_size = 16;
+        // The MMA element: fp8_e4m3 follows q (bf16 q: bf16), fp8_ds_mla the rope dtype.
+        if (format == KvCacheDType::kFp8E4m3) c.q_dtype = element;
+        if (format == KvCacheDType::kFp8DsMla) c.cache_dtype = element;
+        SCOPED_TRACE(c.name());
+        auto rng = test::make_rng(stream++);
+        HostInputs in = make_inputs(c, rng);
+        const Expected ref = reference(c, in.q_kernel, in.k_kernel);
+        poison_fp8_value(c, in, 1, 37, 300);
+        const Outputs o = run_emulated(c, in, {2, false, 0});
+        expect_nan_request_only(c, o.out, o.lse, ref, 1);
+      }
+    }
+  }
 }
 
 // Unaligned q rows (scalar loads), an f32 q converted to bf16, strided out and lse.

@@ -17,6 +17,7 @@
 #include <cstring>
 #include <numeric>
 #include <random>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -279,6 +280,39 @@ inline constexpr test::Tolerance kLseTolerance{1e-4, 1e-4};  // f32 scores, SFU 
 inline double cos_bar(const Case& c) {
   if (!c.exact_inputs()) return 5e-4;
   return c.kv_dtype == KvCacheDType::kAuto ? 1e-5 : 1e-4;
+}
+
+// ---- NaN cache values
+// ----------------------------------------------------------------------------
+
+// Writes an e4m3 NaN (0xff) over NoPE value `dim` (< 512) of key `key` of request b in the host
+// cache of an fp8 case (both fp8 formats store NoPE value d at byte d of the entry).
+inline void poison_fp8_value(const Case& c, HostInputs& in, int64_t b, int64_t key, int64_t dim) {
+  const int64_t width = in.block_table.size(1), entry = in.cache.size(2);
+  const auto* table = static_cast<const int32_t*>(in.block_table.view().data);  // [B, width]
+  const int64_t block = table[b * width + key / c.block_size];
+  ASSERT_GE(block, 0) << "key " << key << " of request " << b << " has no block";
+  uint8_t* cache = static_cast<uint8_t*>(in.cache.view().data);
+  cache[(block * c.block_size + key % c.block_size) * entry + dim] = 0xff;
+}
+
+// Every row of request `nan_request` is NaN (out and lse: all its queries see the poisoned key);
+// the other requests match the oracle `ref`, computed before the poisoning.
+inline void expect_nan_request_only(const Case& c, const TensorView& out, const TensorView& lse,
+                                    const Expected& ref, int64_t nan_request) {
+  const int64_t rows = c.s_q * c.heads;
+  for (int64_t b = 0; b < c.batch(); ++b) {
+    const TensorView out_b = out.narrow(0, b, 1), lse_b = lse.narrow(0, b, 1);
+    if (b == nan_request) {
+      for (double v : test::to_doubles(out_b)) ASSERT_TRUE(std::isnan(v)) << "out of request " << b;
+      for (double v : test::to_doubles(lse_b)) ASSERT_TRUE(std::isnan(v)) << "lse of request " << b;
+      continue;
+    }
+    const std::span<const double> want_out(ref.out.data() + b * rows * kRank, rows * kRank);
+    const std::span<const double> want_lse(ref.lse.data() + b * rows, rows);
+    EXPECT_TRUE(test::all_close(out_b, want_out, out_tolerance(c))) << "out of request " << b;
+    EXPECT_TRUE(test::all_close(lse_b, want_lse, kLseTolerance)) << "lse of request " << b;
+  }
 }
 
 }  // namespace mlakit::decode_test

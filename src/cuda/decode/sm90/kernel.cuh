@@ -21,6 +21,7 @@
 #include <cmath>
 #include <cstdint>
 
+#include "cuda/decode/sm90/fp8_convert.cuh"
 #include "cuda/decode/sm90/kernel_common.cuh"
 #include "cuda/decode/sm90/params.cuh"
 #include "cuda/decode/sm90/ptx.cuh"
@@ -30,12 +31,17 @@ namespace mlakit::cuda::decode_sm90 {
 
 // ---- fp8 -> 16-bit conversion of a landed raw tile ----------------------------------------------
 
-// raw [64][kRawEntry] -> conv [64][1152] swizzled, in units of 8 values (16 converted bytes).
-template <class Cfg>
-__device__ __forceinline__ void convert_tile(const uint8_t* raw, uint8_t* conv) {
+// raw [64][kRawEntry] -> conv [64][1152] swizzled, in units of 8 values (16 converted bytes). With
+// kExact every value goes through the conversion pipe; otherwise bf16 elements take the bit path
+// of fp8_convert.cuh and the result is nonzero if this thread met a NaN byte (its units then need
+// the exact pass).
+template <class Cfg, bool kExact>
+__device__ __forceinline__ uint32_t convert_tile_units(const uint8_t* raw, uint8_t* conv) {
   using Elem = typename Cfg::Element;
   constexpr int kUnits = kBlockN * kRowChunks;
   static_assert(kUnits % kThreads == 0, "every thread converts the same number of units");
+  constexpr bool kBitPath = Elem::kBf16 && !kExact;
+  uint32_t nan = 0;
 #pragma unroll 6
   for (int i = 0; i < kUnits / kThreads; ++i) {
     const int u = static_cast<int>(threadIdx.x) + i * kThreads;
@@ -44,8 +50,11 @@ __device__ __forceinline__ void convert_tile(const uint8_t* raw, uint8_t* conv) 
     uint4 v;
     if constexpr (Cfg::kFormat == CacheFormat::kFp8E4m3) {
       const uint2 in = *reinterpret_cast<const uint2*>(entry + c * 8);
-      v = make_uint4(Elem::from_e4m3x2(in.x & 0xffff), Elem::from_e4m3x2(in.x >> 16),
-                     Elem::from_e4m3x2(in.y & 0xffff), Elem::from_e4m3x2(in.y >> 16));
+      if constexpr (kExact) {
+        v = convert_e4m3x8_exact<Elem>(in);
+      } else {
+        nan |= convert_e4m3x8<Elem>(in, v);
+      }
     } else {
       // fp8_ds_mla: bytes [0, 512) e4m3 NoPE, [512, 528) four f32 scales (one per 128 values, i.e.
       // per 16 chunks), [528, 656) the rope values already in the MMA element type.
@@ -55,12 +64,17 @@ __device__ __forceinline__ void convert_tile(const uint8_t* raw, uint8_t* conv) 
         const uint2 in = *reinterpret_cast<const uint2*>(entry + c * 8);
         const float scale =
             *reinterpret_cast<const float*>(entry + kScaleOffset + (c / kChunksPerScale) * 4);
+        uint32_t pairs[4];
+        if constexpr (kBitPath) {
+          nan |= e4m3x8_to_bf16_pairs(in, pairs);
+        } else {
+          const uint4 exact = convert_e4m3x8_exact<F16Mma>(in);
+          pairs[0] = exact.x, pairs[1] = exact.y, pairs[2] = exact.z, pairs[3] = exact.w;
+        }
         uint32_t out[4];
-        const uint32_t words[2] = {in.x, in.y};
 #pragma unroll
         for (int pair = 0; pair < 4; ++pair) {
-          const uint16_t two = static_cast<uint16_t>(words[pair / 2] >> (16 * (pair % 2)));
-          const float2 f = f16x2_to_float2(e4m3x2_to_f16x2(two));
+          const float2 f = kBitPath ? bf16x2_to_float2(pairs[pair]) : f16x2_to_float2(pairs[pair]);
           out[pair] = Elem::pack(f.x * scale, f.y * scale);
         }
         v = make_uint4(out[0], out[1], out[2], out[3]);
@@ -70,6 +84,15 @@ __device__ __forceinline__ void convert_tile(const uint8_t* raw, uint8_t* conv) 
     }
     *reinterpret_cast<uint4*>(conv + swizzled<kRowBytes>(key, c)) = v;
   }
+  return nan;
+}
+
+// raw [64][kRawEntry] -> conv [64][1152] swizzled. A thread that met a NaN byte on the bit path
+// converts its units again exactly (rare: only NaN cache values); the raw stage is intact until
+// the barrier after the conversion.
+template <class Cfg>
+__device__ __forceinline__ void convert_tile(const uint8_t* raw, uint8_t* conv) {
+  if (convert_tile_units<Cfg, false>(raw, conv) != 0) convert_tile_units<Cfg, true>(raw, conv);
 }
 
 // ---- scores ------------------------------------------------------------------------------------

@@ -295,7 +295,7 @@ __device__ __forceinline__ RowSink finish_row(const DecodeKernelParams& p, const
   float inv, lse;
   if (bad) {
     inv = lse = NAN;
-  } else if (l > 0.0f) {
+  } else if (l > 0.0f || isnan(l)) {  // a NaN cache value makes l NaN: out and lse NaN
     inv = p.value_scale / l;
     lse = (m + __log2f(l)) * kLn2;
   } else {
