@@ -37,7 +37,7 @@ extern "C" {
 #endif
 
 /* Raised whenever a struct or a signature of this header changes incompatibly. */
-#define MLAKIT_C_ABI_VERSION 3
+#define MLAKIT_C_ABI_VERSION 4
 
 /* ---- Status, errors, version ----------------------------------------------------------------- */
 
@@ -61,7 +61,7 @@ MLAKIT_API const char* mlakit_version(void);
 /* MLAKIT_C_ABI_VERSION of the compiled library (bindings compare it with theirs). */
 MLAKIT_API int32_t mlakit_abi_version(void);
 /* One-line JSON object describing the build, e.g.
- * {"version": "0.1.0", "abi": 3, "cuda": false, "blas": "openblas", "openmp": true,
+ * {"version": "0.1.0", "abi": 4, "cuda": false, "blas": "openblas", "openmp": true,
  *  "threads": 8, "sanitizers": false}. "threads" is the CPU backend's thread count at the first
  * call (OMP_NUM_THREADS or the number of cores). */
 MLAKIT_API const char* mlakit_build_info(void);
@@ -361,9 +361,18 @@ typedef struct mlakit_mla_config {
    * splits. */
   int32_t batch_invariant;
   DLDevice device; /* where the layer runs (weights, workspace) */
+  /* Decode context parallelism (docs/dcp.md): the layer is rank dcp_rank of dcp_world_size ranks
+   * sharing every request's tokens, position p on rank (p / dcp_interleave) % dcp_world_size.
+   * dcp_world_size 1 is no DCP. With more, the layer needs the group's communicator
+   * (mlakit_attention_create_dcp), each rank's batch has its own block table and an empty
+   * slot_mapping, and seq_lens stay global (see mlakit_forward_batch_t). */
+  int64_t dcp_world_size; /* W >= 1 */
+  int64_t dcp_rank;       /* in [0, W) */
+  int64_t dcp_interleave; /* I >= 1: consecutive positions a rank takes per turn */
 } mlakit_mla_config_t;
 /* The library's defaults: DeepSeek-V2-Lite dims (16, 512, 64, 128, 128), bf16, auto cache,
- * block 64, limits 4096 / 256 / 8192, not batch-invariant, CPU; scale 0 (must be set). */
+ * block 64, limits 4096 / 256 / 8192, not batch-invariant, CPU, no DCP (1, 0, 1); scale 0 (must
+ * be set). */
 MLAKIT_API void mlakit_mla_config_init(mlakit_mla_config_t* config);
 
 typedef struct mlakit_attention mlakit_attention_t;
@@ -374,6 +383,50 @@ MLAKIT_API mlakit_status_t mlakit_attention_create(const mlakit_mla_config_t* co
                                                    const DLTensor* kv_b_proj_weight,
                                                    const DLTensor* kv_b_proj_scale_inv,
                                                    mlakit_attention_t** attention);
+/* ---- Communicators: DCP collectives run by the caller ------------------------------------------
+ * mlakit has no communication layer of its own (docs/dcp.md): a DCP layer's two collectives call
+ * back into the caller, which runs them on the library it already uses (MPI, NCCL,
+ * torch.distributed, ...). Each callback runs the collective (on a GPU it may instead enqueue it on
+ * `stream`, a cudaStream_t, NULL = the default stream) and returns 0, or any other value on
+ * failure: the mlakit call then fails with MLAKIT_ERROR_BACKEND naming the callback and the value.
+ * Every rank calls them in the same order with the same counts, from the thread that called
+ * mlakit. Buffers are contiguous, on the communicator's device; count > 0; mlakit checked them. */
+
+/* recv = [send of rank 0 | send of rank 1 | ...], `count` elements each. dtype: float32,
+ * float16, bfloat16, float8 e4m3fn or uint8 (the bytes are what matters). send is either recv's
+ * slice `rank` (recv + rank * count elements: in place) or disjoint from recv. */
+typedef int32_t (*mlakit_all_gather_fn)(void* user_data, const void* send, void* recv,
+                                        int64_t count, DLDataType dtype, void* stream);
+/* recv [recv_count] = sum over ranks k of rank k's send elements [rank * recv_count,
+ * (rank + 1) * recv_count). send has world_size * recv_count elements; dtype: float32, float16 or
+ * bfloat16; send and recv are disjoint. */
+typedef int32_t (*mlakit_reduce_scatter_sum_fn)(void* user_data, const void* send, void* recv,
+                                                int64_t recv_count, DLDataType dtype, void* stream);
+
+typedef struct mlakit_communicator_callbacks {
+  int32_t rank;       /* this rank, in [0, world_size) */
+  int32_t world_size; /* >= 1 */
+  DLDevice device;    /* where the buffers live: kDLCPU or kDLCUDA */
+  mlakit_all_gather_fn all_gather;
+  mlakit_reduce_scatter_sum_fn reduce_scatter_sum;
+  void* user_data; /* passed to both callbacks; mlakit never reads it */
+} mlakit_communicator_callbacks_t;
+
+typedef struct mlakit_communicator mlakit_communicator_t;
+
+/* A communicator calling `callbacks` (copied; user_data must stay valid while it is used). */
+MLAKIT_API mlakit_status_t mlakit_communicator_create(
+    const mlakit_communicator_callbacks_t* callbacks, mlakit_communicator_t** communicator);
+MLAKIT_API void mlakit_communicator_destroy(mlakit_communicator_t* communicator);
+
+/* mlakit_attention_create for a rank of a DCP group: communicator is the group's (borrowed: it
+ * must outlive the layer), with rank, world size and device equal to config's dcp_rank,
+ * dcp_world_size and device; it may be NULL when dcp_world_size is 1 (then it is ignored). */
+MLAKIT_API mlakit_status_t mlakit_attention_create_dcp(const mlakit_mla_config_t* config,
+                                                       const DLTensor* kv_b_proj_weight,
+                                                       const DLTensor* kv_b_proj_scale_inv,
+                                                       mlakit_communicator_t* communicator,
+                                                       mlakit_attention_t** attention);
 MLAKIT_API void mlakit_attention_destroy(mlakit_attention_t* attention);
 /* Rows of the layer's context-gather workspace. */
 MLAKIT_API mlakit_status_t mlakit_attention_workspace_tokens(const mlakit_attention_t* attention,
@@ -388,6 +441,9 @@ typedef struct mlakit_forward_batch {
   const DLTensor* block_table;  /* int32 [num_reqs, max_blocks] on the layer's device */
   const DLTensor* slot_mapping; /* int64 [>= T] on the layer's device; < 0 skips the write */
 } mlakit_forward_batch_t;
+/* Under DCP (dcp_world_size > 1) seq_lens are the global lengths, the same on every rank;
+ * block_table is this rank's, of its local positions (ceil(local length / block_size) columns a
+ * request); slot_mapping is empty ([0]): planning derives this rank's slot of every token. */
 
 /* The plan forward() would follow for `batch` (the caller destroys it). */
 MLAKIT_API mlakit_status_t mlakit_attention_plan(const mlakit_attention_t* attention,

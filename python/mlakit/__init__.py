@@ -21,6 +21,8 @@ from ._library import (
 )
 from ._version import __version__
 from .attention import MlaAttention, MlaConfig
+from .communicator import Buffer, Communicator
+from .dcp import dcp_local_position, dcp_local_seq_len, dcp_owner_rank
 from .ops import (
     DecodeSchedule,
     check_device_errors,
@@ -72,6 +74,8 @@ def _register_torch_ops():
 torch_ops_registered = _register_torch_ops()
 
 __all__ = [
+    "Buffer",
+    "Communicator",
     "ContextChunk",
     "DecodeSchedule",
     "ForwardBatch",
@@ -91,8 +95,11 @@ __all__ = [
     "chunked_prefill_workspace_tokens",
     "concat_and_cache_mla",
     "cp_gather_cache",
+    "dcp_local_position",
+    "dcp_local_seq_len",
     "dcp_lse_combine",
     "dcp_lse_correct",
+    "dcp_owner_rank",
     "gather_and_maybe_dequant_cache",
     "library_path",
     "merge_attn_states",

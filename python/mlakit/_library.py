@@ -19,7 +19,7 @@ from ._dlpack import DLDataType, DLDevice, DLTensor
 
 LIBRARY_NAME = "libmlakit_c.so"
 # The C ABI this package was written against (MLAKIT_C_ABI_VERSION of mlakit.h).
-ABI_VERSION = 3
+ABI_VERSION = 4
 
 _PACKAGE_DIR = Path(__file__).resolve().parent
 
@@ -156,6 +156,25 @@ class MlaConfigC(ctypes.Structure):
         ("max_num_batched_tokens", _i64),
         ("batch_invariant", _i32),
         ("device", DLDevice),
+        ("dcp_world_size", _i64),
+        ("dcp_rank", _i64),
+        ("dcp_interleave", _i64),
+    ]
+
+
+# mlakit_all_gather_fn / mlakit_reduce_scatter_sum_fn: (user_data, send, recv, count, dtype,
+# stream) -> status.
+CollectiveFn = ctypes.CFUNCTYPE(_i32, _vp, _vp, _vp, _i64, DLDataType, _vp)
+
+
+class CommunicatorCallbacksC(ctypes.Structure):
+    _fields_ = [
+        ("rank", _i32),
+        ("world_size", _i32),
+        ("device", DLDevice),
+        ("all_gather", CollectiveFn),
+        ("reduce_scatter_sum", CollectiveFn),
+        ("user_data", _vp),
     ]
 
 
@@ -220,6 +239,8 @@ _STATUS_FUNCTIONS = {
     "mlakit_plan_get_chunk_info": [_vp, _i64, _pi64, _pi64],
     "mlakit_plan_get_chunk_array": [_vp, _i64, _i32, _P(_pi32), _pi64],
     "mlakit_attention_create": [_P(MlaConfigC), _T, _T, _P(_vp)],
+    "mlakit_communicator_create": [_P(CommunicatorCallbacksC), _P(_vp)],
+    "mlakit_attention_create_dcp": [_P(MlaConfigC), _T, _T, _vp, _P(_vp)],
     "mlakit_attention_workspace_tokens": [_vp, _pi64],
     "mlakit_attention_plan": [_vp, _P(ForwardBatchC), _P(_vp)],
     "mlakit_attention_forward": [_vp, _T, _T, _T, _T, _P(ForwardBatchC), _T, _f32, _f32, _vp],
@@ -244,6 +265,7 @@ _OTHER_FUNCTIONS = {
     "mlakit_planner_config_init": (None, [_P(PlannerConfigC)]),
     "mlakit_mla_config_init": (None, [_P(MlaConfigC)]),
     "mlakit_attention_destroy": (None, [_vp]),
+    "mlakit_communicator_destroy": (None, [_vp]),
     "mlakit_workspace_destroy": (None, [_vp]),
     "mlakit_step_plan_destroy": (None, [_vp]),
 }

@@ -1,6 +1,7 @@
 """MlaAttention: one MLA layer's attention as an inference engine calls it (attention.hpp)."""
 
 import ctypes
+import sys
 import threading
 import weakref
 from dataclasses import dataclass
@@ -15,6 +16,7 @@ from ._dlpack import (
 )
 from ._library import MlaConfigC, call, lib
 from ._registry import Registry
+from .communicator import Communicator, call_with_collectives
 from .ops import kv_cache_dtype_code, stream_of, to_float
 from .planning import CHUNK_POLICY, QUERY_LEN_SUPPORT, _enum, plan_from_handle
 from .step import ForwardBatch, StepPlan, _CBatch
@@ -46,6 +48,12 @@ class MlaConfig:
     # depend on the rest of the batch (the projections are not made invariant).
     batch_invariant: bool = False
     device: str = "cpu"  # "cpu", "cuda" or "cuda:<index>"
+    # Decode context parallelism (docs/dcp.md): this layer is rank dcp_rank of dcp_world_size
+    # ranks sharing every request's tokens, position p on rank (p // dcp_interleave) %
+    # dcp_world_size. 1: no DCP. With more, MlaAttention needs the group's communicator.
+    dcp_world_size: int = 1
+    dcp_rank: int = 0
+    dcp_interleave: int = 1
 
     def _to_c(self):
         c = MlaConfigC()
@@ -70,6 +78,9 @@ class MlaConfig:
         c.max_num_batched_tokens = self.max_num_batched_tokens
         c.batch_invariant = 1 if self.batch_invariant else 0
         c.device = dl_device(self.device)
+        c.dcp_world_size = self.dcp_world_size
+        c.dcp_rank = self.dcp_rank
+        c.dcp_interleave = self.dcp_interleave
         return c
 
 
@@ -86,16 +97,27 @@ class MlaAttention:
 
     kv_b_proj_weight: host [N * (P + V), L] float32/float16/bfloat16, or float8_e4m3fn (or
     uint8) with kv_b_proj_scale_inv: float32 [ceil(N*(P+V) / 128), ceil(L / 128)] (DeepSeek-V3
-    128x128 block scales: value = fp8 * scale_inv[row // 128, col // 128])."""
+    128x128 block scales: value = fp8 * scale_inv[row // 128, col // 128]).
 
-    def __init__(self, config, kv_b_proj_weight, kv_b_proj_scale_inv=None):
+    communicator: required when config.dcp_world_size > 1 (ignored otherwise): the DCP group's
+    mlakit.Communicator, or a torch.distributed ProcessGroup (wrapped in
+    mlakit.dcp_torch.ProcessGroupCommunicator on config.device). Its rank and world size must
+    be config's dcp_rank and dcp_world_size. forward() then runs the group's collectives through
+    it, and every rank must call it for the same steps (docs/dcp.md)."""
+
+    def __init__(self, config, kv_b_proj_weight, kv_b_proj_scale_inv=None, communicator=None):
         self.config = config
         c_config = config._to_c()
         w = describe(kv_b_proj_weight, "kv_b_proj_weight")
         s = describe_optional(kv_b_proj_scale_inv, "kv_b_proj_scale_inv")
+        self.communicator = None  # kept alive as long as the layer: the library borrows it
+        if config.dcp_world_size != 1 and communicator is not None:
+            self.communicator = _as_communicator(communicator, config.device)
         handle = ctypes.c_void_p()
-        call("mlakit_attention_create", ctypes.byref(c_config), w.ref,
-             None if s is None else s.ref, ctypes.byref(handle))
+        call("mlakit_attention_create_dcp", ctypes.byref(c_config), w.ref,
+             None if s is None else s.ref,
+             None if self.communicator is None else self.communicator._handle,
+             ctypes.byref(handle))
         self._handle = handle
         self._finalizer = weakref.finalize(self, lib.mlakit_attention_destroy, handle)
         self._lock = threading.Lock()  # the single-call form's own workspace: one at a time
@@ -123,7 +145,11 @@ class MlaAttention:
         StepPlan (plan_step once per step, then every layer: launches only), a ForwardBatch
         (single call: plans it and runs in a workspace the layer owns), or None for a profile
         run (output zero-filled); output: [T', N * V] (rows [T, T') untouched); q_scale,
-        k_scale: fp8 scales (fp8 caches only)."""
+        k_scale: fp8 scales (fp8 caches only).
+
+        Under DCP q holds this rank's N heads, kv_c_normed and k_pe every new token, kv_cache
+        and the batch's block_table are this rank's, its seq_lens global and its slot_mapping
+        empty (ForwardBatch); every rank of the group makes the same calls."""
         described = [describe(q, "q"), describe(kv_c_normed, "kv_c_normed"),
                      describe(k_pe, "k_pe"), describe(kv_cache, "kv_cache", writable=True)]
         out = describe(output, "output", writable=True)
@@ -131,13 +157,30 @@ class MlaAttention:
         stream = stream_of(*described, out)
         if isinstance(batch, StepPlan):
             with batch.workspace._lock:
-                call("mlakit_attention_forward_step", self._handle, *[d.ref for d in described],
-                     batch._handle, out.ref, *scales, stream)
+                call_with_collectives(self.communicator, "mlakit_attention_forward_step",
+                                      self._handle, *[d.ref for d in described], batch._handle,
+                                      out.ref, *scales, stream)
             return
         cb = None if batch is None else _CBatch(batch)
         with self._lock:
-            call("mlakit_attention_forward", self._handle, *[d.ref for d in described],
-                 None if cb is None else ctypes.byref(cb.c), out.ref, *scales, stream)
+            call_with_collectives(self.communicator, "mlakit_attention_forward", self._handle,
+                                  *[d.ref for d in described],
+                                  None if cb is None else ctypes.byref(cb.c), out.ref, *scales,
+                                  stream)
+
+
+def _as_communicator(communicator, device):
+    if isinstance(communicator, Communicator):
+        return communicator
+    distributed = sys.modules.get("torch.distributed")
+    if distributed is not None and isinstance(communicator, distributed.ProcessGroup):
+        from .dcp_torch import ProcessGroupCommunicator
+
+        return ProcessGroupCommunicator(communicator, device)
+    raise TypeError(
+        "mlakit: MlaAttention: communicator must be a mlakit.Communicator or a "
+        f"torch.distributed ProcessGroup, got {type(communicator).__name__}"
+    )
 
 
 __all__ = ["ForwardBatch", "MlaAttention", "MlaConfig"]

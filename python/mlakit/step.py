@@ -30,7 +30,12 @@ class ForwardBatch:
 
     query_start_loc: host [R + 1]; seq_lens: host [R] (context + new tokens); block_table: int32
     [R, max_blocks] and slot_mapping: int64 [>= T] on the layer's device (slot < 0 skips the
-    cache write); num_actual_tokens: T, defaults to query_start_loc[-1]."""
+    cache write); num_actual_tokens: T, defaults to query_start_loc[-1].
+
+    Under DCP (config.dcp_world_size > 1; docs/dcp.md) seq_lens are the global lengths, the same
+    on every rank; block_table is this rank's, of its local positions (dcp_local_seq_len of a
+    request's length, in blocks); slot_mapping is empty (int64 [0]): planning derives this
+    rank's slot of every token."""
 
     query_start_loc: Any
     seq_lens: Any

@@ -14,7 +14,7 @@ def test_version_matches_the_library():
 def test_build_info_describes_the_build():
     info = mlakit.build_info()
     assert info["version"] == mlakit.version()
-    assert info["abi"] == 3
+    assert info["abi"] == 4
     assert isinstance(info["cuda"], bool)
     assert info["blas"] == "openblas"
     assert info["threads"] >= 1

@@ -86,6 +86,28 @@ DType to_dtype(const char* op, const char* name, DLDataType dtype) {
                       "int32 or int64"));
 }
 
+DLDataType to_dl_dtype(DType dtype) {
+  auto make = [](uint8_t code, uint8_t bits) { return DLDataType{code, bits, 1}; };
+  switch (dtype) {
+    case DType::kF32:
+      return make(kDLFloat, 32);
+    case DType::kF16:
+      return make(kDLFloat, 16);
+    case DType::kBF16:
+      return make(kDLBfloat, 16);
+    case DType::kFp8E4m3:
+      return make(kDLFloat8_e4m3fn, 8);
+    case DType::kU8:
+      return make(kDLUInt, 8);
+    case DType::kI32:
+      return make(kDLInt, 32);
+    case DType::kI64:
+      return make(kDLInt, 64);
+  }
+  detail::fail(ErrorCode::kInternal,
+               detail::str_cat("to_dl_dtype: unknown DType ", static_cast<int>(dtype)));
+}
+
 TensorView to_view(const char* op, const char* name, const DLTensor* tensor) {
   require_pointer(op, name, tensor);
   const DLTensor& t = *tensor;

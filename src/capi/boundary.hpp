@@ -77,6 +77,8 @@ KvCacheDType to_kv_cache_dtype(const char* op, int32_t value);
 QueryLenSupport to_query_len_support(const char* op, int32_t value);
 ChunkPolicy to_chunk_policy(const char* op, int32_t value);
 DType to_dtype(const char* op, const char* name, DLDataType dtype);
+// The DLPack type of `dtype` (to_dtype's inverse; u8 stays uint8).
+DLDataType to_dl_dtype(DType dtype);
 
 // Throws kInvalidArgument naming `name` when `pointer` is NULL.
 inline void require_pointer(const char* op, const char* name, const void* pointer) {

@@ -8,19 +8,6 @@ namespace mlakit::capi {
 
 namespace {
 
-DLDataType dl_dtype(uint8_t code, uint8_t bits) { return DLDataType{code, bits, 1}; }
-
-DLDataType to_dl_dtype(DType dtype) {
-  switch (dtype) {
-    case DType::kF16:
-      return dl_dtype(kDLFloat, 16);
-    case DType::kBF16:
-      return dl_dtype(kDLBfloat, 16);
-    default:
-      return dl_dtype(kDLFloat, 32);
-  }
-}
-
 bool to_flag(const char* op, const char* name, int32_t value) {
   detail::require(value == 0 || value == 1, ErrorCode::kInvalidArgument, op, ": ", name,
                   " must be 0 or 1, got ", value);
@@ -51,8 +38,11 @@ MlaAttentionConfig to_config(const char* op, const mlakit_mla_config_t& c) {
   // The device comes through a zero-size tensor so that it gets the same checks as any tensor's.
   DLTensor probe{};
   probe.device = c.device;
-  probe.dtype = dl_dtype(kDLFloat, 32);
+  probe.dtype = to_dl_dtype(DType::kF32);
   config.device = to_view(op, "config.device", &probe).device;
+  config.dcp.world_size = c.dcp_world_size;
+  config.dcp.rank = c.dcp_rank;
+  config.dcp.interleave = c.dcp_interleave;
   return config;
 }
 
@@ -76,6 +66,9 @@ void init_config(mlakit_mla_config_t& config) {
   config.max_num_batched_tokens = d.max_num_batched_tokens;
   config.batch_invariant = d.batch_invariant ? 1 : 0;
   config.device = DLDevice{kDLCPU, 0};
+  config.dcp_world_size = d.dcp.world_size;
+  config.dcp_rank = d.dcp.rank;
+  config.dcp_interleave = d.dcp.interleave;
 }
 
 ForwardBatch to_batch(const char* op, const mlakit_forward_batch_t& b) {

@@ -11,9 +11,11 @@
 #include "mlakit/types.hpp"
 
 struct mlakit_attention {
+  // communicator: the DCP group's (mlakit_attention_create_dcp), borrowed; nullptr without DCP.
   mlakit_attention(const mlakit::MlaAttentionConfig& config, const mlakit::TensorView& weight,
-                   const std::optional<mlakit::TensorView>& scale_inv)
-      : layer(config, weight, scale_inv) {}
+                   const std::optional<mlakit::TensorView>& scale_inv,
+                   mlakit::dist::Communicator* communicator = nullptr)
+      : layer(config, weight, scale_inv, communicator) {}
   mlakit::MlaAttention layer;
 };
 

@@ -1,6 +1,6 @@
 /* The C ABI from plain C: version queries, error reporting (status and message text), a planner
- * call, two small ops against results computed by hand, and an engine step (one plan, two layers)
- * against the single-call forward. */
+ * call, two small ops against results computed by hand, an engine step (one plan, two layers)
+ * against the single-call forward, and a DCP layer over a callback communicator. */
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -348,6 +348,114 @@ static void test_step(void) {
   mlakit_attention_destroy(layers[1]);
 }
 
+/* What the failing all_gather callback of test_dcp saw. */
+typedef struct gather_call {
+  int calls;
+  int64_t count;
+  DLDataType dtype;
+} gather_call_t;
+
+static int32_t failing_all_gather(void* user_data, const void* send, void* recv, int64_t count,
+                                  DLDataType dtype, void* stream) {
+  gather_call_t* seen = (gather_call_t*)user_data;
+  (void)send;
+  (void)recv;
+  (void)stream;
+  ++seen->calls;
+  seen->count = count;
+  seen->dtype = dtype;
+  return 7; /* any non-zero value is a failure */
+}
+
+static int32_t unused_reduce_scatter(void* user_data, const void* send, void* recv,
+                                     int64_t recv_count, DLDataType dtype, void* stream) {
+  (void)user_data;
+  (void)send;
+  (void)recv;
+  (void)recv_count;
+  (void)dtype;
+  (void)stream;
+  return 0;
+}
+
+/* A DCP layer (rank 0 of 2) over a callback communicator: the configuration and communicator
+ * checks, and a collective that fails in the caller's callback. (The collectives' results are
+ * tested with real ranks from Python: python/tests/test_dcp_layer.py.) */
+static void test_dcp(void) {
+  mlakit_mla_config_t config = step_config();
+  mlakit_mla_config_t defaults;
+  mlakit_mla_config_init(&defaults);
+  CHECK(defaults.dcp_world_size == 1 && defaults.dcp_rank == 0 && defaults.dcp_interleave == 1);
+  config.dcp_world_size = 2;
+
+  gather_call_t seen = {0, 0, {0, 0, 0}};
+  mlakit_communicator_callbacks_t callbacks = {
+      1, 2, {kDLCPU, 0}, failing_all_gather, unused_reduce_scatter, &seen};
+  mlakit_communicator_t* comm = NULL;
+  callbacks.rank = 2;
+  CHECK_STATUS(mlakit_communicator_create(&callbacks, &comm), MLAKIT_ERROR_INVALID_ARGUMENT,
+               "callbacks.rank must be in [0, world_size = 2), got 2");
+  CHECK(comm == NULL);
+  callbacks.rank = 1;
+  callbacks.all_gather = NULL;
+  CHECK_STATUS(mlakit_communicator_create(&callbacks, &comm), MLAKIT_ERROR_INVALID_ARGUMENT,
+               "callbacks.all_gather must not be NULL");
+  callbacks.all_gather = failing_all_gather;
+  CHECK_STATUS(mlakit_communicator_create(&callbacks, &comm), MLAKIT_OK, NULL);
+
+  static float weight[kN * (kP + kV) * kL];
+  uint32_t state = 11;
+  fill_random(weight, kN * (kP + kV) * kL, &state);
+  int64_t w_shape[2] = {kN * (kP + kV), kL};
+  DLTensor t_w = host_tensor(weight, kF32, 2, w_shape);
+  mlakit_attention_t* layer = NULL;
+  CHECK_STATUS(mlakit_attention_create(&config, &t_w, NULL, &layer), MLAKIT_ERROR_INVALID_ARGUMENT,
+               "dcp.world_size is 2 but no communicator was given");
+  CHECK_STATUS(mlakit_attention_create_dcp(&config, &t_w, NULL, comm, &layer),
+               MLAKIT_ERROR_INVALID_ARGUMENT,
+               "the communicator is rank 1 of 2, but the configuration says dcp.rank 0");
+  config.dcp_rank = 2;
+  CHECK_STATUS(mlakit_attention_create_dcp(&config, &t_w, NULL, comm, &layer),
+               MLAKIT_ERROR_INVALID_ARGUMENT,
+               "DcpConfig: rank must be in [0, world_size = 2), got 2");
+  config.dcp_rank = 1;
+  CHECK_STATUS(mlakit_attention_create_dcp(&config, &t_w, NULL, comm, &layer), MLAKIT_OK, NULL);
+
+  /* Request 0 decodes its 5th token (rank 1 holds positions 1 and 3: block 0), request 1
+   * prefills 3 tokens (rank 1 holds position 1: block 2). slot_mapping is empty under DCP. */
+  static float q[kT * kN * (kP + kR)], kv_c[kT * kL], k_pe[kT * kR];
+  static float cache[kBlocks * kBlock * (kL + kR)], out[kT * kN * kV];
+  fill_random(q, kT * kN * (kP + kR), &state);
+  fill_random(kv_c, kT * kL, &state);
+  fill_random(k_pe, kT * kR, &state);
+  fill_random(cache, kBlocks * kBlock * (kL + kR), &state);
+  int64_t q_shape[3] = {kT, kN, kP + kR}, kv_c_shape[2] = {kT, kL}, k_pe_shape[2] = {kT, kR};
+  int64_t cache_shape[3] = {kBlocks, kBlock, kL + kR}, out_shape[2] = {kT, kN * kV};
+  int32_t table[2][1] = {{0}, {2}};
+  int64_t table_shape[2] = {2, 1};
+  int64_t no_slots_shape[1] = {0};
+  const int32_t qsl[3] = {0, 1, 4};
+  const int32_t seq_lens[2] = {5, 3};
+  DLTensor t_table = host_tensor(table, (DLDataType){kDLInt, 32, 1}, 2, table_shape);
+  DLTensor t_slots = host_tensor(NULL, (DLDataType){kDLInt, 64, 1}, 1, no_slots_shape);
+  const mlakit_forward_batch_t batch = {qsl, seq_lens, 2, kT, &t_table, &t_slots};
+  DLTensor t_q = host_tensor(q, kF32, 3, q_shape);
+  DLTensor t_kv_c = host_tensor(kv_c, kF32, 2, kv_c_shape);
+  DLTensor t_k_pe = host_tensor(k_pe, kF32, 2, k_pe_shape);
+  DLTensor t_cache = host_tensor(cache, kF32, 3, cache_shape);
+  DLTensor t_out = host_tensor(out, kF32, 2, out_shape);
+  /* The first collective is the decode's all-gather of the absorbed queries: 1 token x N heads x
+   * (L + R) f32. */
+  CHECK_STATUS(mlakit_attention_forward(layer, &t_q, &t_kv_c, &t_k_pe, &t_cache, &batch, &t_out,
+                                        1.0f, 1.0f, NULL),
+               MLAKIT_ERROR_BACKEND,
+               "Communicator::all_gather: the caller's all_gather callback failed (returned 7");
+  CHECK(seen.calls == 1 && seen.count == 1 * kN * (kL + kR));
+  CHECK(seen.dtype.code == kDLFloat && seen.dtype.bits == 32 && seen.dtype.lanes == 1);
+  mlakit_attention_destroy(layer);
+  mlakit_communicator_destroy(comm);
+}
+
 /* The library's decode schedules: a batch-invariant CPU one for {2500, 10} with block 16 cuts
  * request 0 into ceil(2500 / 1024) = 3 pieces and leaves request 1 whole, 4 splits in all; the
  * workspace holds one 512 + 1 row per split and head. A CUDA schedule needs no seq_lens. */
@@ -394,6 +502,7 @@ int main(void) {
   test_fp8_quant();
   test_device_errors();
   test_step();
+  test_dcp();
   printf("capi_test: %d passed, %d failed\n", g_passed, g_failed);
   return g_failed == 0 ? 0 : 1;
 }
