@@ -218,7 +218,34 @@ struct Case {
   int64_t heads, s_q;
   KvCacheDType kv_dtype;
   bool batch_invariant;
+  // q's dtype: bf16, or fp8 e4m3 (FlashMLA's fp8 contract: q quantized too, f16 MMAs).
+  DType q_dtype = DType::kBF16;
 };
+
+// The cache format and, for fp8_e4m3, q's dtype: "bf16", "fp8_e4m3" (fp8 q, f16 MMAs: the rows
+// recorded before 2026-12-03 21:00 UTC), "fp8_e4m3 q bf16" (bf16 MMAs), "fp8_ds_mla" (bf16 q).
+std::string kv_label(const Case& c) {
+  switch (c.kv_dtype) {
+    case KvCacheDType::kAuto:
+      return "bf16";
+    case KvCacheDType::kFp8E4m3:
+      return c.q_dtype == DType::kBF16 ? "fp8_e4m3 q bf16" : "fp8_e4m3";
+    default:
+      return "fp8_ds_mla";
+  }
+}
+
+// Bytes of one cache entry (kv_cache.hpp).
+int64_t entry_bytes_of(KvCacheDType kv) {
+  switch (kv) {
+    case KvCacheDType::kAuto:
+      return 1152;  // 576 bf16
+    case KvCacheDType::kFp8E4m3:
+      return 576;  // 576 e4m3
+    default:
+      return 656;  // 512 e4m3, 4 f32 scales, 64 bf16 rope values
+  }
+}
 
 Case uniform_case(int64_t batch, int64_t s_kv, int64_t heads, int64_t s_q, KvCacheDType kv,
                   bool invariant) {
@@ -246,17 +273,25 @@ struct Copy {
 
 Copy make_copy(const Case& c, int64_t width, const mlakit::DecodeSchedule& schedule,
                std::mt19937_64& rng, uint64_t seed) {
-  const bool fp8 = c.kv_dtype == KvCacheDType::kFp8E4m3;
-  const DType element = fp8 ? DType::kFp8E4m3 : DType::kBF16;
+  const bool native = c.kv_dtype == KvCacheDType::kAuto;
   const int64_t batch = static_cast<int64_t>(c.seq_lens.size());
   int64_t num_blocks = 0;
   for (int32_t len : c.seq_lens) num_blocks += (len + kPageSize - 1) / kPageSize;
   const Device gpu = Device::cuda(0);
   Copy k;
-  k.q = Tensor::empty({batch, c.s_q, c.heads, 576}, element, gpu);
-  k.cache = Tensor::empty({num_blocks, kPageSize, 576}, fp8 ? DType::kU8 : DType::kBF16, gpu);
+  const int64_t entry = native ? 576 : entry_bytes_of(c.kv_dtype);
+  k.q = Tensor::empty({batch, c.s_q, c.heads, 576}, c.q_dtype, gpu);
+  k.cache = Tensor::empty({num_blocks, kPageSize, entry}, native ? DType::kBF16 : DType::kU8, gpu);
   fill(k.q, seed);
   fill(k.cache, seed + 1);  // u8 storage is filled as finite e4m3
+  if (c.kv_dtype == KvCacheDType::kFp8DsMla) {
+    // The four f32 scales and the 64 bf16 rope values of each entry: bytes 0x3c make both finite
+    // (f32 0x3c3c3c3c and bf16 0x3c3c are ~0.0115); the timing does not depend on the values.
+    constexpr int kScaleOffset = 512, kFiniteByte = 0x3c, kScaleAndRopeBytes = 656 - 512;
+    check(cudaMemset2D(static_cast<uint8_t*>(k.cache.view().data) + kScaleOffset, entry,
+                       kFiniteByte, kScaleAndRopeBytes, num_blocks * kPageSize),
+          "ds_mla scales");
+  }
   // Requests own shuffled pages, as a paged allocator hands them out.
   std::vector<int32_t> ids(num_blocks);
   std::iota(ids.begin(), ids.end(), 0);
@@ -292,10 +327,9 @@ struct Row {
 };
 
 Row run_case(const Case& c, const Ceilings& ceil, cudaStream_t stream) {
-  const bool fp8 = c.kv_dtype == KvCacheDType::kFp8E4m3;
   const int64_t batch = static_cast<int64_t>(c.seq_lens.size());
-  const int64_t entry_bytes = fp8 ? 576 : 1152;
-  const int64_t elem = fp8 ? 1 : 2;  // q bytes per value (fp8 q with an fp8 cache)
+  const int64_t entry_bytes = entry_bytes_of(c.kv_dtype);
+  const int64_t elem = dtype_size(c.q_dtype);  // q bytes per value
   int64_t keys = 0, max_len = 0;
   for (int32_t len : c.seq_lens) {
     keys += len;
@@ -361,17 +395,14 @@ Row run_case(const Case& c, const Ceilings& ceil, cudaStream_t stream) {
   const double floor_us = std::max(memory_floor_us, compute_floor_us);
   const double perf_floor_us =
       std::max(bytes / (kPerfReadGbs * 1e9), flops / (kPerfTflops * 1e12)) * 1e6;
-  Row row{c.shape + (c.batch_invariant ? " batch-invariant" : ""),
-          fp8 ? "fp8_e4m3" : "bf16",
-          us,
-          self_planning_us,
-          c.batch_invariant ? 0.0 : flashmla_us(c.shape, c.kv_dtype),
-          floor_us};
+  Row row{
+      c.shape + (c.batch_invariant ? " batch-invariant" : ""),    kv_label(c), us, self_planning_us,
+      c.batch_invariant ? 0.0 : flashmla_us(c.shape, c.kv_dtype), floor_us};
   char ratio[16] = "      -";
   if (row.flashmla_us > 0) std::snprintf(ratio, sizeof(ratio), "%7.2f", us / row.flashmla_us);
   char anchor[16] = "      -";
   if (row.flashmla_us > 0) std::snprintf(anchor, sizeof(anchor), "%7.1f", row.flashmla_us);
-  std::printf("%-44s %-8s %5ld %9.1f %9.1f %6.0f %6.1f %8.1f %8.1f %6.1f%% %6.1f%% %s %s\n",
+  std::printf("%-44s %-15s %5ld %9.1f %9.1f %6.0f %6.1f %8.1f %8.1f %6.1f%% %6.1f%% %s %s\n",
               row.shape.c_str(), row.kv.c_str(), schedule.device.num_parts, us, self_planning_us,
               bytes / (us * 1e-6) / 1e9, flops / (us * 1e-6) / 1e12, memory_floor_us,
               compute_floor_us, 100.0 * floor_us / us, 100.0 * perf_floor_us / us, anchor, ratio);
@@ -440,7 +471,7 @@ int main(int argc, char** argv) {
       "bf16 GEMM %d^3 %.0f TFLOP/s\n\n",
       ceil.copy_gbs, ceil.read_gbs, kGemmN, ceil.bf16_tflops);
 
-  std::printf("%-44s %-8s %5s %9s %9s %6s %6s %8s %8s %7s %7s %7s %7s\n", "shape (page 64)", "kv",
+  std::printf("%-44s %-15s %5s %9s %9s %6s %6s %8s %8s %7s %7s %7s %7s\n", "shape (page 64)", "kv",
               "parts", "us", "self-plan", "GB/s", "TF/s", "mem us", "flop us", "%floor", "%PERF",
               "FlashMLA", "ratio");
   // Issue 8's table, then each of its shapes batch-invariant (its cost), then item 4's s_q x h_q
@@ -458,8 +489,19 @@ int main(int argc, char** argv) {
     cases.push_back(uniform_case(1, 4096, 128, 1, bf16, invariant));
     cases.push_back(uniform_case(4, 32768, 128, 1, bf16, invariant));
     cases.push_back(varlen_case(invariant));
-    cases.push_back(uniform_case(128, 8192, 16, 1, fp8, invariant));
-    cases.push_back(uniform_case(128, 8192, 128, 1, fp8, invariant));
+    for (int64_t heads : {16, 128}) {  // fp8 q (f16 MMAs), as FlashMLA's fp8 contract has it
+      Case c = uniform_case(128, 8192, heads, 1, fp8, invariant);
+      c.q_dtype = DType::kFp8E4m3;
+      cases.push_back(c);
+    }
+  }
+  // The fp8 formats with a bf16 q (bf16 MMAs), what an engine with an fp8 cache passes.
+  for (int64_t heads : {16, 128}) {
+    for (KvCacheDType kv : {KvCacheDType::kFp8E4m3, KvCacheDType::kFp8DsMla}) {
+      Case c = uniform_case(128, 8192, heads, 1, kv, false);
+      c.q_dtype = DType::kBF16;
+      cases.push_back(c);
+    }
   }
   for (int64_t heads : {16, 32, 64, 128}) {
     for (int64_t s_q : {1, 2, 4, 8}) {
@@ -468,8 +510,8 @@ int main(int argc, char** argv) {
   }
   std::vector<Row> rows;
   for (const Case& c : cases) {
-    const std::string label = c.shape + (c.batch_invariant ? " batch-invariant " : " ") +
-                              (c.kv_dtype == KvCacheDType::kFp8E4m3 ? "fp8_e4m3" : "bf16");
+    const std::string label =
+        c.shape + (c.batch_invariant ? " batch-invariant " : " ") + kv_label(c);
     if (label.find(only) != std::string::npos) {
       rows.push_back(run_case(c, ceil, stream));
     }

@@ -365,9 +365,9 @@ TEST(MlaDecodeCuda, CacheFormatsScalesAndOutputDtypes) {
   }
 }
 
-// A NaN cache value (e4m3 0xff) makes every row that sees it NaN on both conversion paths (bf16
-// elements: the bit path, which converts a thread's units again exactly when it meets a NaN byte;
-// f16: the conversion pipe); the other requests stay exact. 16- and 64-row CTAs, split and whole.
+// A NaN cache value (e4m3 0xff) makes every row that sees it NaN: the bit path of the conversion
+// flags it and the thread's units are converted again exactly by the conversion pipe; the other
+// requests stay exact. bf16 and f16 elements, 16- and 64-row CTAs, split and whole.
 TEST(MlaDecodeCuda, NanCacheValuesPropagate) {
   MLAKIT_SKIP_WITHOUT_GPU();
   uint64_t stream = 1300;
@@ -379,7 +379,7 @@ TEST(MlaDecodeCuda, NanCacheValuesPropagate) {
         c.kv_dtype = format;
         c.heads = heads;
         if (format == KvCacheDType::kFp8E4m3) c.q_dtype = element;
-        if (format == KvCacheDType::kFp8DsMla) c.cache_dtype = element;
+        if (format == KvCacheDType::kFp8DsMla) c.cache_dtype = c.q_dtype = element;
         SCOPED_TRACE(c.name());
         auto rng = test::make_rng(stream++);
         HostInputs in = make_inputs(c, rng);

@@ -375,6 +375,19 @@ inline uint32_t mul_bf16x2(uint32_t a, uint32_t b) {
   }
   return r;
 }
+// mul.rn.f16x2, the same way.
+inline uint32_t mul_f16x2(uint32_t a, uint32_t b) {
+  uint32_t r = 0;
+  for (int lane = 0; lane < 2; ++lane) {
+    const float x = emu::f16_bits((a >> (16 * lane)) & 0xffffu);
+    const float y = emu::f16_bits((b >> (16 * lane)) & 0xffffu);
+    const __half p = __float2half_rn(x * y);
+    uint16_t bits;
+    std::memcpy(&bits, &p, sizeof(bits));
+    r |= static_cast<uint32_t>(bits) << (16 * lane);
+  }
+  return r;
+}
 struct Bf16Mma {
   static constexpr bool kBf16 = true;
   static uint32_t pack(float lo, float hi) {
@@ -772,9 +785,9 @@ TEST(MlaDecodeEmulated, DsMlaCache) {
   check_case(f16, 501, balanced({1}));
 }
 
-// A NaN cache value (e4m3 0xff) makes every row that sees it NaN, whichever conversion path the
-// element type takes (bf16: the bit path, which flags the NaN and converts the thread's units again
-// exactly; f16: the conversion pipe); the other requests stay exact. 16- and 64-row CTAs.
+// A NaN cache value (e4m3 0xff) makes every row that sees it NaN (the bit path of the conversion
+// flags it, and the thread's units are converted again exactly by the conversion pipe); the other
+// requests stay exact. bf16 and f16, 16- and 64-row CTAs.
 TEST(MlaDecodeEmulated, NanCacheValuesPropagate) {
   uint64_t stream = 1300;
   for (KvCacheDType format : {KvCacheDType::kFp8E4m3, KvCacheDType::kFp8DsMla}) {
@@ -785,9 +798,9 @@ TEST(MlaDecodeEmulated, NanCacheValuesPropagate) {
         c.kv_dtype = format;
         c.heads = heads;
         c.block_size = 16;
-        // The MMA element: fp8_e4m3 follows q (bf16 q: bf16), fp8_ds_mla the rope dtype.
+        // The MMA element: fp8_e4m3 follows q (bf16 q: bf16), fp8_ds_mla the rope dtype (= q's).
         if (format == KvCacheDType::kFp8E4m3) c.q_dtype = element;
-        if (format == KvCacheDType::kFp8DsMla) c.cache_dtype = element;
+        if (format == KvCacheDType::kFp8DsMla) c.cache_dtype = c.q_dtype = element;
         SCOPED_TRACE(c.name());
         auto rng = test::make_rng(stream++);
         HostInputs in = make_inputs(c, rng);

@@ -31,58 +31,50 @@ namespace mlakit::cuda::decode_sm90 {
 
 // ---- fp8 -> 16-bit conversion of a landed raw tile ----------------------------------------------
 
-// raw [64][kRawEntry] -> conv [64][1152] swizzled, in units of 8 values (16 converted bytes). With
-// kExact every value goes through the conversion pipe; otherwise bf16 elements take the bit path
-// of fp8_convert.cuh and the result is nonzero if this thread met a NaN byte (its units then need
-// the exact pass).
+// raw [64][kRawEntry] -> conv [64][1152] swizzled, in units of 8 values (16 converted bytes), by
+// the bit path of fp8_convert.cuh, or with kExact by the conversion pipe. Returns nonzero if the
+// bit path met a NaN byte in this thread's units (they then need the exact pass).
 template <class Cfg, bool kExact>
 __device__ __forceinline__ uint32_t convert_tile_units(const uint8_t* raw, uint8_t* conv) {
   using Elem = typename Cfg::Element;
   constexpr int kUnits = kBlockN * kRowChunks;
   static_assert(kUnits % kThreads == 0, "every thread converts the same number of units");
-  constexpr bool kBitPath = Elem::kBf16 && !kExact;
   uint32_t nan = 0;
 #pragma unroll 6
   for (int i = 0; i < kUnits / kThreads; ++i) {
     const int u = static_cast<int>(threadIdx.x) + i * kThreads;
     const int key = u / kRowChunks, c = u % kRowChunks;
     const uint8_t* entry = raw + key * Cfg::kRawEntry;
-    uint4 v;
-    if constexpr (Cfg::kFormat == CacheFormat::kFp8E4m3) {
+    // fp8_ds_mla: bytes [0, 512) e4m3 NoPE, [512, 528) four f32 scales (one per 128 values, i.e.
+    // per 16 chunks), [528, 656) the rope values already in the MMA element type. fp8_e4m3: 576
+    // e4m3 values (k_scale applies to the scores and the output).
+    constexpr bool kDsMla = Cfg::kFormat == CacheFormat::kFp8DsMla;
+    constexpr int kNopeChunks = kDsMla ? 512 / 8 : kRowChunks, kChunksPerScale = 128 / 8;
+    constexpr int kScaleOffset = 512, kRopeOffset = 528;
+    uint32_t pairs[4];
+    if (c < kNopeChunks) {
       const uint2 in = *reinterpret_cast<const uint2*>(entry + c * 8);
       if constexpr (kExact) {
-        v = convert_e4m3x8_exact<Elem>(in);
+        convert_e4m3x8_exact<Elem>(in, pairs);
       } else {
-        nan |= convert_e4m3x8<Elem>(in, v);
+        nan |= convert_e4m3x8<Elem>(in, pairs);
       }
-    } else {
-      // fp8_ds_mla: bytes [0, 512) e4m3 NoPE, [512, 528) four f32 scales (one per 128 values, i.e.
-      // per 16 chunks), [528, 656) the rope values already in the MMA element type.
-      constexpr int kNopeChunks = 512 / 8, kChunksPerScale = 128 / 8;
-      constexpr int kScaleOffset = 512, kRopeOffset = 528;
-      if (c < kNopeChunks) {
-        const uint2 in = *reinterpret_cast<const uint2*>(entry + c * 8);
+      if constexpr (kDsMla) {
         const float scale =
             *reinterpret_cast<const float*>(entry + kScaleOffset + (c / kChunksPerScale) * 4);
-        uint32_t pairs[4];
-        if constexpr (kBitPath) {
-          nan |= e4m3x8_to_bf16_pairs(in, pairs);
-        } else {
-          const uint4 exact = convert_e4m3x8_exact<F16Mma>(in);
-          pairs[0] = exact.x, pairs[1] = exact.y, pairs[2] = exact.z, pairs[3] = exact.w;
-        }
-        uint32_t out[4];
 #pragma unroll
         for (int pair = 0; pair < 4; ++pair) {
-          const float2 f = kBitPath ? bf16x2_to_float2(pairs[pair]) : f16x2_to_float2(pairs[pair]);
-          out[pair] = Elem::pack(f.x * scale, f.y * scale);
+          const float2 f = elements_to_float2<Elem>(pairs[pair]);
+          pairs[pair] = Elem::pack(f.x * scale, f.y * scale);
         }
-        v = make_uint4(out[0], out[1], out[2], out[3]);
-      } else {
-        v = *reinterpret_cast<const uint4*>(entry + kRopeOffset + (c - kNopeChunks) * 16);
       }
+    } else {
+      const uint4 rope =
+          *reinterpret_cast<const uint4*>(entry + kRopeOffset + (c - kNopeChunks) * 16);
+      pairs[0] = rope.x, pairs[1] = rope.y, pairs[2] = rope.z, pairs[3] = rope.w;
     }
-    *reinterpret_cast<uint4*>(conv + swizzled<kRowBytes>(key, c)) = v;
+    *reinterpret_cast<uint4*>(conv + swizzled<kRowBytes>(key, c)) =
+        make_uint4(pairs[0], pairs[1], pairs[2], pairs[3]);
   }
   return nan;
 }

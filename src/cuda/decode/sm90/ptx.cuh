@@ -1,6 +1,6 @@
 // PTX wrappers the sm90 decode is built from: cp.async copies, ldmatrix fragment loads, the
 // m16n8k16 tensor-core MMA in bf16 and f16, ex2, fp8 e4m3 -> 16-bit conversion, and the byte
-// permute and bf16x2 multiply of the fast e4m3 -> bf16 conversion (fp8_convert.cuh).
+// permute and 16-bit multiplies of the bit-path e4m3 conversion (fp8_convert.cuh).
 //
 // A classic include guard instead of #pragma once: tests/cuda/decode_emulated_test.cpp defines it
 // and supplies host versions of these functions, to run the kernel source on the CPU.
@@ -74,6 +74,13 @@ __device__ __forceinline__ uint32_t prmt_b32(uint32_t a, uint32_t sel) {
 __device__ __forceinline__ uint32_t mul_bf16x2(uint32_t a, uint32_t b) {
   uint32_t r;
   asm("mul.rn.bf16x2 %0, %1, %2;\n" : "=r"(r) : "r"(a), "r"(b));
+  return r;
+}
+
+// Lane-wise f16x2 product, rounded to nearest (subnormals kept).
+__device__ __forceinline__ uint32_t mul_f16x2(uint32_t a, uint32_t b) {
+  uint32_t r;
+  asm("mul.rn.f16x2 %0, %1, %2;\n" : "=r"(r) : "r"(a), "r"(b));
   return r;
 }
 
