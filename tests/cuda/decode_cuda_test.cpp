@@ -365,9 +365,8 @@ TEST(MlaDecodeCuda, CacheFormatsScalesAndOutputDtypes) {
   }
 }
 
-// A NaN cache value (e4m3 0xff) makes every row that sees it NaN: the bit path of the conversion
-// flags it and the thread's units are converted again exactly by the conversion pipe; the other
-// requests stay exact. bf16 and f16 elements, 16- and 64-row CTAs, split and whole.
+// A NaN cache value (e4m3 0xff) makes every row that sees it NaN (out and lse); the other requests
+// stay exact. bf16 and f16 elements, 16- and 64-row CTAs, split and whole.
 TEST(MlaDecodeCuda, NanCacheValuesPropagate) {
   MLAKIT_SKIP_WITHOUT_GPU();
   uint64_t stream = 1300;

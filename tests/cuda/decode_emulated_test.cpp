@@ -350,46 +350,7 @@ inline uint32_t e4m3x2_to_f16x2(uint16_t two) {
 inline float2 f16x2_to_float2(uint32_t v) {
   return make_float2(emu::f16_bits(v & 0xffffu), emu::f16_bits(v >> 16));
 }
-// prmt.b32 a, 0, sel (default mode), by the PTX ISA's definition.
-inline uint32_t prmt_b32(uint32_t a, uint32_t sel) {
-  uint32_t r = 0;
-  for (int i = 0; i < 4; ++i) {
-    const uint32_t nibble = (sel >> (4 * i)) & 0xfu, index = nibble & 7u;
-    uint32_t byte = index < 4 ? (a >> (8 * index)) & 0xffu : 0u;
-    if (nibble & 8u) byte = (byte & 0x80u) ? 0xffu : 0u;
-    r |= byte << (8 * i);
-  }
-  return r;
-}
-// mul.rn.bf16x2: each lane's exact product rounded to bf16 (f32 holds every bf16 exactly, and
-// the products the kernels form, by powers of two, are exact in f32).
-inline uint32_t mul_bf16x2(uint32_t a, uint32_t b) {
-  uint32_t r = 0;
-  for (int lane = 0; lane < 2; ++lane) {
-    const float x = emu::bf16_bits((a >> (16 * lane)) & 0xffffu);
-    const float y = emu::bf16_bits((b >> (16 * lane)) & 0xffffu);
-    const __nv_bfloat16 p = __float2bfloat16_rn(x * y);
-    uint16_t bits;
-    std::memcpy(&bits, &p, sizeof(bits));
-    r |= static_cast<uint32_t>(bits) << (16 * lane);
-  }
-  return r;
-}
-// mul.rn.f16x2, the same way.
-inline uint32_t mul_f16x2(uint32_t a, uint32_t b) {
-  uint32_t r = 0;
-  for (int lane = 0; lane < 2; ++lane) {
-    const float x = emu::f16_bits((a >> (16 * lane)) & 0xffffu);
-    const float y = emu::f16_bits((b >> (16 * lane)) & 0xffffu);
-    const __half p = __float2half_rn(x * y);
-    uint16_t bits;
-    std::memcpy(&bits, &p, sizeof(bits));
-    r |= static_cast<uint32_t>(bits) << (16 * lane);
-  }
-  return r;
-}
 struct Bf16Mma {
-  static constexpr bool kBf16 = true;
   static uint32_t pack(float lo, float hi) {
     const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
     uint32_t r;
@@ -405,7 +366,6 @@ struct Bf16Mma {
   }
 };
 struct F16Mma {
-  static constexpr bool kBf16 = false;
   static uint32_t pack(float lo, float hi) {
     const __half2 v = __floats2half2_rn(lo, hi);
     uint32_t r;
@@ -785,9 +745,8 @@ TEST(MlaDecodeEmulated, DsMlaCache) {
   check_case(f16, 501, balanced({1}));
 }
 
-// A NaN cache value (e4m3 0xff) makes every row that sees it NaN (the bit path of the conversion
-// flags it, and the thread's units are converted again exactly by the conversion pipe); the other
-// requests stay exact. bf16 and f16, 16- and 64-row CTAs.
+// A NaN cache value (e4m3 0xff) makes every row that sees it NaN (out and lse); the other requests
+// stay exact. bf16 and f16, 16- and 64-row CTAs.
 TEST(MlaDecodeEmulated, NanCacheValuesPropagate) {
   uint64_t stream = 1300;
   for (KvCacheDType format : {KvCacheDType::kFp8E4m3, KvCacheDType::kFp8DsMla}) {

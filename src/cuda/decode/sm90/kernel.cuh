@@ -21,7 +21,6 @@
 #include <cmath>
 #include <cstdint>
 
-#include "cuda/decode/sm90/fp8_convert.cuh"
 #include "cuda/decode/sm90/kernel_common.cuh"
 #include "cuda/decode/sm90/params.cuh"
 #include "cuda/decode/sm90/ptx.cuh"
@@ -31,60 +30,75 @@ namespace mlakit::cuda::decode_sm90 {
 
 // ---- fp8 -> 16-bit conversion of a landed raw tile ----------------------------------------------
 
-// raw [64][kRawEntry] -> conv [64][1152] swizzled, in units of 8 values (16 converted bytes), by
-// the bit path of fp8_convert.cuh, or with kExact by the conversion pipe. Returns nonzero if the
-// bit path met a NaN byte in this thread's units (they then need the exact pass).
-template <class Cfg, bool kExact>
-__device__ __forceinline__ uint32_t convert_tile_units(const uint8_t* raw, uint8_t* conv) {
-  using Elem = typename Cfg::Element;
-  constexpr int kUnits = kBlockN * kRowChunks;
-  static_assert(kUnits % kThreads == 0, "every thread converts the same number of units");
-  uint32_t nan = 0;
-#pragma unroll 6
-  for (int i = 0; i < kUnits / kThreads; ++i) {
-    const int u = static_cast<int>(threadIdx.x) + i * kThreads;
-    const int key = u / kRowChunks, c = u % kRowChunks;
-    const uint8_t* entry = raw + key * Cfg::kRawEntry;
-    // fp8_ds_mla: bytes [0, 512) e4m3 NoPE, [512, 528) four f32 scales (one per 128 values, i.e.
-    // per 16 chunks), [528, 656) the rope values already in the MMA element type. fp8_e4m3: 576
-    // e4m3 values (k_scale applies to the scores and the output).
-    constexpr bool kDsMla = Cfg::kFormat == CacheFormat::kFp8DsMla;
-    constexpr int kNopeChunks = kDsMla ? 512 / 8 : kRowChunks, kChunksPerScale = 128 / 8;
-    constexpr int kScaleOffset = 512, kRopeOffset = 528;
-    uint32_t pairs[4];
-    if (c < kNopeChunks) {
-      const uint2 in = *reinterpret_cast<const uint2*>(entry + c * 8);
-      if constexpr (kExact) {
-        convert_e4m3x8_exact<Elem>(in, pairs);
-      } else {
-        nan |= convert_e4m3x8<Elem>(in, pairs);
-      }
-      if constexpr (kDsMla) {
-        const float scale =
-            *reinterpret_cast<const float*>(entry + kScaleOffset + (c / kChunksPerScale) * 4);
+// Eight e4m3 values (bytes of two words, lowest first) -> eight MMA elements (lowest in the low
+// half of .x), each multiplied by `scale` unless kUnscaled (then exact: e4m3 is exact in f16 and
+// bf16). The conversion pipe keeps NaN as NaN.
+template <class Elem, bool kUnscaled>
+__device__ __forceinline__ uint4 convert_e4m3x8(uint32_t lo, uint32_t hi, float scale) {
+  const uint32_t words[2] = {lo, hi};
+  uint32_t out[4];
 #pragma unroll
-        for (int pair = 0; pair < 4; ++pair) {
-          const float2 f = elements_to_float2<Elem>(pairs[pair]);
-          pairs[pair] = Elem::pack(f.x * scale, f.y * scale);
-        }
-      }
+  for (int pair = 0; pair < 4; ++pair) {
+    const auto two = static_cast<uint16_t>(words[pair / 2] >> (16 * (pair % 2)));
+    if constexpr (kUnscaled) {
+      out[pair] = Elem::from_e4m3x2(two);
     } else {
-      const uint4 rope =
-          *reinterpret_cast<const uint4*>(entry + kRopeOffset + (c - kNopeChunks) * 16);
-      pairs[0] = rope.x, pairs[1] = rope.y, pairs[2] = rope.z, pairs[3] = rope.w;
+      const float2 f = f16x2_to_float2(e4m3x2_to_f16x2(two));
+      out[pair] = Elem::pack(f.x * scale, f.y * scale);
     }
-    *reinterpret_cast<uint4*>(conv + swizzled<kRowBytes>(key, c)) =
-        make_uint4(pairs[0], pairs[1], pairs[2], pairs[3]);
   }
-  return nan;
+  return make_uint4(out[0], out[1], out[2], out[3]);
 }
 
-// raw [64][kRawEntry] -> conv [64][1152] swizzled. A thread that met a NaN byte on the bit path
-// converts its units again exactly (rare: only NaN cache values); the raw stage is intact until
-// the barrier after the conversion.
+// raw [64][kRawEntry] -> conv [64][1152] swizzled. Thread t converts key t / 4: raw 16-byte chunks
+// t % 4 + 4 j (16 e4m3 values -> converted chunks 2 c and 2 c + 1). A fixed key per thread keeps
+// the addresses at a base plus immediates (a unit-per-thread mapping spent more integer
+// instructions on u / 72, u % 72 and the swizzle than on the conversion: docs/perf-notes.md), and
+// the 4 threads of a key read 64 contiguous bytes (conflict-free 128-bit loads for fp8_e4m3's
+// 576-byte rows).
 template <class Cfg>
 __device__ __forceinline__ void convert_tile(const uint8_t* raw, uint8_t* conv) {
-  if (convert_tile_units<Cfg, false>(raw, conv) != 0) convert_tile_units<Cfg, true>(raw, conv);
+  using Elem = typename Cfg::Element;
+  constexpr int kThreadsPerKey = kThreads / kBlockN;
+  static_assert(kThreadsPerKey == 4, "the chunk mapping below is written for 4 threads per key");
+  const int key = static_cast<int>(threadIdx.x) / kThreadsPerKey;
+  const int lane = static_cast<int>(threadIdx.x) % kThreadsPerKey;
+  const uint8_t* entry = raw + key * Cfg::kRawEntry;
+  // Converted chunk 8 j + i (i < 8) of this key sits at 128 j + ((i ^ (key % 8)) << 4): the low
+  // three bits of a chunk index are the swizzled ones (swizzled<kRowBytes>).
+  uint8_t* row = conv + key * kRowBytes;
+  auto chunk_at = [&](int j, int i) { return row + 128 * j + ((i ^ (key & 7)) << 4); };
+  if constexpr (Cfg::kFormat == CacheFormat::kFp8E4m3) {
+    // 576 e4m3 = 36 raw chunks = 9 per thread; k_scale applies to the scores and the output.
+#pragma unroll
+    for (int j = 0; j < 9; ++j) {
+      const uint4 in = *reinterpret_cast<const uint4*>(entry + 16 * (lane + 4 * j));
+      *reinterpret_cast<uint4*>(chunk_at(j, 2 * lane)) = convert_e4m3x8<Elem, true>(in.x, in.y, 1);
+      *reinterpret_cast<uint4*>(chunk_at(j, 2 * lane + 1)) =
+          convert_e4m3x8<Elem, true>(in.z, in.w, 1);
+    }
+  } else {
+    // fp8_ds_mla: bytes [0, 512) e4m3 NoPE (32 raw chunks, 8 per thread), [512, 528) four f32
+    // scales (one per 128 values: raw chunks 8 s .. 8 s + 7, i.e. j / 2), [528, 656) the 64 rope
+    // values already in the MMA element type (8 chunks, 2 per thread, copied).
+    constexpr int kScaleOffset = 512, kRopeOffset = 528;
+    const float4 scales = *reinterpret_cast<const float4*>(entry + kScaleOffset);
+    const float scale[4] = {scales.x, scales.y, scales.z, scales.w};
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      const uint4 in = *reinterpret_cast<const uint4*>(entry + 16 * (lane + 4 * j));
+      *reinterpret_cast<uint4*>(chunk_at(j, 2 * lane)) =
+          convert_e4m3x8<Elem, false>(in.x, in.y, scale[j / 2]);
+      *reinterpret_cast<uint4*>(chunk_at(j, 2 * lane + 1)) =
+          convert_e4m3x8<Elem, false>(in.z, in.w, scale[j / 2]);
+    }
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {  // rope chunk r = lane + 4 j -> converted chunk 64 + r
+      const int r = lane + 4 * j;
+      *reinterpret_cast<uint4*>(chunk_at(8, r)) =
+          *reinterpret_cast<const uint4*>(entry + kRopeOffset + 16 * r);
+    }
+  }
 }
 
 // ---- scores ------------------------------------------------------------------------------------

@@ -1,6 +1,5 @@
 // PTX wrappers the sm90 decode is built from: cp.async copies, ldmatrix fragment loads, the
-// m16n8k16 tensor-core MMA in bf16 and f16, ex2, fp8 e4m3 -> 16-bit conversion, and the byte
-// permute and 16-bit multiplies of the bit-path e4m3 conversion (fp8_convert.cuh).
+// m16n8k16 tensor-core MMA in bf16 and f16, ex2, and fp8 e4m3 -> 16-bit conversion.
 //
 // A classic include guard instead of #pragma once: tests/cuda/decode_emulated_test.cpp defines it
 // and supplies host versions of these functions, to run the kernel source on the CPU.
@@ -62,28 +61,6 @@ __device__ __forceinline__ float fast_exp2(float x) {
   return y;
 }
 
-// prmt.b32 of `a` with zero bytes (default mode): result byte i is byte (sel >> 4i) & 7 of {0, a}
-// (a = bytes 0..3), or, when bit 3 of that nibble is set, that byte's sign bit replicated.
-__device__ __forceinline__ uint32_t prmt_b32(uint32_t a, uint32_t sel) {
-  uint32_t r;
-  asm("prmt.b32 %0, %1, %2, %3;\n" : "=r"(r) : "r"(a), "r"(0u), "r"(sel));
-  return r;
-}
-
-// Lane-wise bf16x2 product, rounded to nearest (subnormals kept).
-__device__ __forceinline__ uint32_t mul_bf16x2(uint32_t a, uint32_t b) {
-  uint32_t r;
-  asm("mul.rn.bf16x2 %0, %1, %2;\n" : "=r"(r) : "r"(a), "r"(b));
-  return r;
-}
-
-// Lane-wise f16x2 product, rounded to nearest (subnormals kept).
-__device__ __forceinline__ uint32_t mul_f16x2(uint32_t a, uint32_t b) {
-  uint32_t r;
-  asm("mul.rn.f16x2 %0, %1, %2;\n" : "=r"(r) : "r"(a), "r"(b));
-  return r;
-}
-
 // Two e4m3 values (low byte first) -> two f16 in one register; exact (e4m3 NaN stays NaN).
 __device__ __forceinline__ uint32_t e4m3x2_to_f16x2(uint16_t two) {
   const __half2_raw h =
@@ -99,7 +76,6 @@ __device__ __forceinline__ float2 f16x2_to_float2(uint32_t v) {
 // The element type both MMA operands have: every tile the tensor cores read is in it. Fragment
 // registers hold two elements, the lower-indexed one in the low half.
 struct Bf16Mma {
-  static constexpr bool kBf16 = true;
   __device__ __forceinline__ static uint32_t pack(float lo, float hi) {
     const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
     uint32_t r;
@@ -120,7 +96,6 @@ struct Bf16Mma {
 };
 
 struct F16Mma {
-  static constexpr bool kBf16 = false;
   __device__ __forceinline__ static uint32_t pack(float lo, float hi) {
     const __half2 v = __floats2half2_rn(lo, hi);
     uint32_t r;
