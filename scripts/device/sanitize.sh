@@ -31,7 +31,7 @@ TABLE="$OUT/sanitize.md"
 : > "$LOG"
 # Starts no run after SANITIZE_BUDGET_S (default 8 min); one run may take RUN_TIMEOUT more.
 DEADLINE=$((SECONDS + ${SANITIZE_BUDGET_S:-480}))
-RUN_TIMEOUT=150
+RUN_TIMEOUT=${RUN_TIMEOUT:-150}
 TOOLS=${TOOLS:-memcheck racecheck synccheck initcheck}
 
 # Programs run with a filter under the sanitizers (native run times from check.sh on the H200):
@@ -43,7 +43,7 @@ declare -A FILTERS=(
   # f16, fp8 e4m3, fp8_ds_mla), strided outputs, bad device indices, empty requests, errors.
   # The plan kernel runs in every one of them; the planned-ahead case adds the plan written once
   # for several decodes.
-  [decode_cuda_test]="MlaDecodeCuda.StridedQueryOutputAndLse:MlaDecodeCuda.EmptyRequestsNeverTouchTheTable:MlaDecodeCuda.BadDeviceIndicesGiveNanRows:MlaDecodeCuda.SixtyFourRowTilesOverSixteenBitCaches:MlaDecodeCuda.ManyHeads:MlaDecodeCuda.CacheFormatsScalesAndOutputDtypes:MlaDecodeCuda.PlannedAheadScheduleServesSeveralDecodes:MlaDecodeCudaErrors.*"
+  [decode_cuda_test]="MlaDecodeCuda.StridedQueryOutputAndLse:MlaDecodeCuda.EmptyRequestsNeverTouchTheTable:MlaDecodeCuda.BadDeviceIndicesGiveNanRows:MlaDecodeCuda.SixtyFourRowTilesOverSixteenBitCaches:MlaDecodeCuda.SixtyFourRowTilesOverEveryPageShape:MlaDecodeCuda.NanCacheValuesPropagate:MlaDecodeCuda.ManyHeads:MlaDecodeCuda.CacheFormatsScalesAndOutputDtypes:MlaDecodeCuda.PlannedAheadScheduleServesSeveralDecodes:MlaDecodeCudaErrors.*"
   # 7 s natively and no kernel at all (the decode kernels emulated on the host): one case.
   [decode_emulated_test]="MlaDecodeEmulated.Bf16SixteenRows"
 )
