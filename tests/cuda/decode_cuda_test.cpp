@@ -369,29 +369,16 @@ TEST(MlaDecodeCuda, CacheFormatsScalesAndOutputDtypes) {
 // stay exact. bf16 and f16 elements, 16- and 64-row CTAs, split and whole.
 TEST(MlaDecodeCuda, NanCacheValuesPropagate) {
   MLAKIT_SKIP_WITHOUT_GPU();
-  uint64_t stream = 1300;
-  for (KvCacheDType format : {KvCacheDType::kFp8E4m3, KvCacheDType::kFp8DsMla}) {
-    for (DType element : {DType::kBF16, DType::kF16}) {
-      for (int64_t heads : {16, 128}) {
-        Case c;
-        c.seq_lens = {300, 700, 5};
-        c.kv_dtype = format;
-        c.heads = heads;
-        if (format == KvCacheDType::kFp8E4m3) c.q_dtype = element;
-        if (format == KvCacheDType::kFp8DsMla) c.cache_dtype = c.q_dtype = element;
-        SCOPED_TRACE(c.name());
-        auto rng = test::make_rng(stream++);
-        HostInputs in = make_inputs(c, rng);
-        const Expected ref = reference(c, in.q_kernel, in.k_kernel);
-        poison_fp8_value(c, in, 1, 517, 130);
-        const DeviceInputs d = upload(in);
-        for (int64_t parts : {1, 20}) {
-          const Results r = run_gpu(c, d, parts);
-          expect_nan_request_only(c, r.out, r.lse, ref, 1);
-        }
-      }
-    }
-  }
+  Case base;
+  base.seq_lens = {300, 700, 5};
+  for_each_nan_cache_case(base, {16, 128}, 517, 130, 1300,
+                          [](const Case& c, const HostInputs& in, const Expected& ref) {
+                            const DeviceInputs d = upload(in);
+                            for (int64_t parts : {1, 20}) {
+                              const Results r = run_gpu(c, d, parts);
+                              expect_nan_request_only(c, r.out, r.lse, ref, 1);
+                            }
+                          });
 }
 
 TEST(MlaDecodeCuda, StridedQueryOutputAndLse) {

@@ -748,28 +748,14 @@ TEST(MlaDecodeEmulated, DsMlaCache) {
 // A NaN cache value (e4m3 0xff) makes every row that sees it NaN (out and lse); the other requests
 // stay exact. bf16 and f16, 16- and 64-row CTAs.
 TEST(MlaDecodeEmulated, NanCacheValuesPropagate) {
-  uint64_t stream = 1300;
-  for (KvCacheDType format : {KvCacheDType::kFp8E4m3, KvCacheDType::kFp8DsMla}) {
-    for (DType element : {DType::kBF16, DType::kF16}) {
-      for (int64_t heads : {16, 64}) {
-        Case c;
-        c.seq_lens = {40, 70};
-        c.kv_dtype = format;
-        c.heads = heads;
-        c.block_size = 16;
-        // The MMA element: fp8_e4m3 follows q (bf16 q: bf16), fp8_ds_mla the rope dtype (= q's).
-        if (format == KvCacheDType::kFp8E4m3) c.q_dtype = element;
-        if (format == KvCacheDType::kFp8DsMla) c.cache_dtype = c.q_dtype = element;
-        SCOPED_TRACE(c.name());
-        auto rng = test::make_rng(stream++);
-        HostInputs in = make_inputs(c, rng);
-        const Expected ref = reference(c, in.q_kernel, in.k_kernel);
-        poison_fp8_value(c, in, 1, 37, 300);
-        const Outputs o = run_emulated(c, in, {2, false, 0});
-        expect_nan_request_only(c, o.out, o.lse, ref, 1);
-      }
-    }
-  }
+  Case base;
+  base.seq_lens = {40, 70};
+  base.block_size = 16;
+  for_each_nan_cache_case(base, {16, 64}, 37, 300, 1300,
+                          [](const Case& c, const HostInputs& in, const Expected& ref) {
+                            const Outputs o = run_emulated(c, in, {2, false, 0});
+                            expect_nan_request_only(c, o.out, o.lse, ref, 1);
+                          });
 }
 
 // Unaligned q rows (scalar loads), an f32 q converted to bf16, strided out and lse.

@@ -315,4 +315,30 @@ inline void expect_nan_request_only(const Case& c, const TensorView& out, const 
   }
 }
 
+// The NaN-cache cases: `base` over both fp8 formats x bf16 / f16 MMA elements (fp8_e4m3 follows
+// q's dtype, fp8_ds_mla the rope dtype, which is q's) x `head_counts`, with an e4m3 NaN written
+// over NoPE value `dim` of key `key` of request 1. `run_and_check(c, in, ref)` runs the kernel on
+// the poisoned inputs; `ref` is the oracle of the clean ones.
+template <class RunAndCheck>
+void for_each_nan_cache_case(const Case& base, std::initializer_list<int64_t> head_counts,
+                             int64_t key, int64_t dim, uint64_t stream, RunAndCheck run_and_check) {
+  for (KvCacheDType format : {KvCacheDType::kFp8E4m3, KvCacheDType::kFp8DsMla}) {
+    for (DType element : {DType::kBF16, DType::kF16}) {
+      for (int64_t heads : head_counts) {
+        Case c = base;
+        c.kv_dtype = format;
+        c.heads = heads;
+        c.q_dtype = element;
+        if (format == KvCacheDType::kFp8DsMla) c.cache_dtype = element;
+        SCOPED_TRACE(c.name());
+        auto rng = test::make_rng(stream++);
+        HostInputs in = make_inputs(c, rng);
+        const Expected ref = reference(c, in.q_kernel, in.k_kernel);
+        poison_fp8_value(c, in, 1, key, dim);
+        run_and_check(c, in, ref);
+      }
+    }
+  }
+}
+
 }  // namespace mlakit::decode_test
