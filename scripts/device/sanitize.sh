@@ -12,7 +12,8 @@
 #
 # Verdicts: CLEAN; NO GPU WORK (the program's tests passed and it made no CUDA call, e.g. host-only
 # planners and the CPU emulation of kernel source); ALLOWED SKIPS; anything else fails the run.
-# racecheck leaves out cuBLAS's kernels (nvjet*); reports are capped at 20 per run (--print-limit).
+# racecheck: a run whose hazards are all inside cuBLAS's kernels (nvjet*) is CUBLAS ONLY, which
+# passes; reports are capped at 20 per run (--print-limit), so only the printed ones are checked.
 #
 # Time: the whole run must fit one device call (10 min), so it stops starting runs after 8 min and
 # reports the rest as NOT RUN (a failure). The sanitizers slow kernels down 10-100x; programs that
@@ -118,13 +119,8 @@ for tool in $TOOLS; do
     fi
     start=$SECONDS
     run_log=/tmp/sanitize-$tool-$name.log
-    # racecheck leaves out cuBLAS's own GEMM kernels (names nvjet*): it reports shared-memory
-    # hazards inside them that are cuBLAS's (its TMA / mbarrier pipelines), not ours to fix.
-    tool_args=()
-    [ "$tool" = racecheck ] && tool_args=(--kernel-name-exclude kns=nvjet)
     timeout "$RUN_TIMEOUT" "$SANITIZER" --tool "$tool" --error-exitcode 99 --print-limit 20 \
-      "${tool_args[@]}" ".devbin/bin/$name" --gtest_filter="$filter" --gtest_brief=1 \
-      > "$run_log" 2>&1
+      ".devbin/bin/$name" --gtest_filter="$filter" --gtest_brief=1 > "$run_log" 2>&1
     rc=$?
     seconds=$((SECONDS - start))
     summary=$(grep -E "ERROR SUMMARY|RACECHECK SUMMARY" "$run_log" | tail -n 1 | sed 's/^=* *//')
@@ -133,6 +129,12 @@ for tool in $TOOLS; do
     verdict=CLEAN
     if [ "$rc" -eq 124 ]; then
       verdict="TIMEOUT"
+    elif [ "$rc" -eq 99 ] && [ "$tool" = racecheck ] && ! grep -q FAILED "$run_log" &&
+      ! grep "Race reported" "$run_log" | grep -qv "nvjet"; then
+      # Every hazard inside cuBLAS's own GEMM kernels (nvjet*: their TMA / mbarrier pipelines),
+      # none in ours. (--kernel-name-exclude kns=nvjet made compute-sanitizer 2025.3 fail with
+      # "Internal Sanitizer Error" on the programs that call cuBLAS, 2026-12-03.)
+      verdict="CUBLAS ONLY"
     elif [ "$rc" -eq 99 ]; then
       verdict="ERRORS"
     elif [ "$rc" -eq 255 ] && [ "${passed:-0}" -gt 0 ] && ! grep -q "FAILED" "$run_log" &&
@@ -151,7 +153,7 @@ for tool in $TOOLS; do
     say "$(printf '%-8s %-10s %-28s %4d s  %s tests  %s' "${verdict%% *}" "$tool" "$name" \
       "$seconds" "${passed:-0}" "$summary") $([ "$filter" != "*" ] && echo "[filtered]")"
     { echo "===== $tool $name [$filter]: $verdict"; cat "$run_log"; } >> "$LOG"
-    if [ "$verdict" != CLEAN ] && [ "$verdict" != "NO GPU WORK" ] &&
+    if [ "$verdict" != CLEAN ] && [ "$verdict" != "NO GPU WORK" ] && [ "$verdict" != "CUBLAS ONLY" ] &&
       [[ "$verdict" != "ALLOWED SKIPS"* ]]; then
       failed=1
       grep -E "^========= (Invalid|Race|Barrier|Uninitialized|Error|Program hit)|FAILED|Failure" \
