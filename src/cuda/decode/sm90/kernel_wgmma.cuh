@@ -16,14 +16,10 @@
 //   values           each warpgroup O_g = O_g * alpha + P V_t[:, 256 g : 256 g + 256] (4 wgmma
 //                    m64n256k16); the score warpgroup then signals STAGE_FREE(t).
 // So the score warpgroup's scores of tile t + 1 run beside the copy warpgroup's values of tile t.
-// Named barriers per stage (256 threads): P_READY and STAGE_FREE (bar.arrive by the score side,
-// bar.sync by the copy side), ALPHA_FREE (the other way round: the copy warpgroup has read
-// alpha_t, so the score warpgroup may write alpha_{t+2} over it; it waits there only in theory,
-// as the copy warpgroup reads alpha_t first thing after P_READY(t), but it makes the reuse a
-// barrier that compute-sanitizer's racecheck sees, not a chain through TMA completions). A
-// barrier of stage s is reused two tiles later; in between, the score warpgroup waits for tile
-// t + 2, which the copy warpgroup issues only after its syncs of tile t, so no arrival runs a
-// phase ahead; the same holds for the mbarriers and P.
+// Named barriers (bar.arrive by the score side, bar.sync by the copy side, 256 threads) per stage:
+// P_READY, STAGE_FREE. A barrier of stage s is reused two tiles later; in between, the score
+// warpgroup waits for tile t + 2, which the copy warpgroup issues only after its syncs of tile t,
+// so no arrival runs a phase ahead; the same holds for the mbarriers and the alphas.
 #pragma once
 
 #include <cmath>
@@ -89,8 +85,8 @@ __device__ __forceinline__ auto rows_by_columns(Frag&& t) {
 }
 
 // The named barriers of stage `stage` (see the top of the file); ids from 1 (0 is __syncthreads').
-enum DecodeBarrier : int { kPReady = 1, kStageFree = 3, kAlphaFree = 5 };
-inline constexpr int kScoresZeroed = 7;  // the score warpgroup alone (128 threads)
+enum DecodeBarrier : int { kPReady = 1, kStageFree = 3 };
+inline constexpr int kScoresZeroed = 5;  // the score warpgroup alone (128 threads)
 // Pages a 64-key tile spans at most: block_size 8 (cache_tensor_map.hpp).
 inline constexpr int kMaxPagesPerTile = 8;
 
@@ -258,7 +254,6 @@ __device__ __forceinline__ void decode_segment_wgmma(const DecodeKernelParams& p
 
       // scale, mask, row max, online softmax; P over the stage's rope columns
       const auto sP = make_tensor(smem_t(stage(t) + Cfg::kPInStageOffset), typename L::P{});
-      if (t >= Cfg::kStages) barrier_sync(kAlphaFree, st);  // alpha_{t-2} has been read
       float alpha[2];
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
@@ -292,9 +287,7 @@ __device__ __forceinline__ void decode_segment_wgmma(const DecodeKernelParams& p
       const int st = t % Cfg::kStages;
       barrier_sync(kPReady, st);  // P_t and alpha_t are written (and tile t has landed)
       const float* alpha_t = alpha_of + st * Cfg::kBlockM;
-      const float alpha[2] = {alpha_t[local_row[0]], alpha_t[local_row[1]]};
-      if (t + Cfg::kStages < w.num_tiles) barrier_arrive(kAlphaFree, st);  // tile t + 2 reuses it
-      accumulate_values(t, alpha);
+      accumulate_values(t, {alpha_t[local_row[0]], alpha_t[local_row[1]]});
       barrier_sync(kStageFree, st);  // the score warpgroup is done with stage st
       if (producer && t + Cfg::kStages < w.num_tiles) issue_tile(t + Cfg::kStages);
     }
