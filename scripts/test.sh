@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The tests: installs dependencies, then
-#   1. Release build with warnings as errors, all tests (GPU tests skip without a GPU), then the
-#      Python package's pytest suite against that build;
+#   1. Release build with warnings as errors, all tests (GPU tests skip without a GPU), the
+#      examples/cpp program built against that build installed and in-tree, then the Python
+#      package's pytest suite against that build;
 #   2. AddressSanitizer + UndefinedBehaviorSanitizer build, all CPU tests;
 #   3. the libFuzzer targets (clang, ASan + UBSan), 60 s each on their seed corpus;
 #   4. when nvcc exists: the CUDA backend compiled for sm_90a (and its tests run, which skip
@@ -15,6 +16,9 @@ echo "== release build (-Werror) =="
 cmake --preset release > /dev/null
 cmake --build --preset release -j "$JOBS"
 ctest --preset release -j "$JOBS"
+
+echo "== examples/cpp: find_package(mlakit) of the installed release build, and add_subdirectory =="
+JOBS="$JOBS" bash scripts/test_examples.sh
 
 echo "== Python package (ctypes over libmlakit_c.so) =="
 bash scripts/test_python.sh
