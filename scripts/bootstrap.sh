@@ -10,6 +10,7 @@ PACKAGES=(
   g++=4:12.2.0-3
   pkgconf=1.8.1-1
   libopenblas-dev=0.3.21+ds-4
+  libeigen3-dev=3.4.0-4
   libgtest-dev=1.12.1-0.2
   libgmock-dev=1.12.1-0.2
   libcli11-dev=2.1.2+ds-1

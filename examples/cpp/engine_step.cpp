@@ -16,9 +16,9 @@
 namespace {
 
 constexpr int64_t kRequests = 2;
-constexpr int64_t kPromptLen = 40;   // tokens prefilled by step 0 per request
-constexpr int64_t kDecodeSteps = 4;  // one generated token per request each
-constexpr int64_t kBlockSize = 16;   // tokens per KV block
+constexpr int64_t kPromptLen = 40;        // tokens prefilled by step 0 per request
+constexpr int64_t kDecodeSteps = 4;       // one generated token per request each
+constexpr int64_t kBlockSize = 16;        // tokens per KV block
 constexpr int64_t kBlocksPerRequest = 3;  // 48 slots >= 40 prompt + 4 decoded tokens
 // DeepSeek-V2-Lite's softmax scale (docs/cli.md presets); any positive value works here.
 constexpr float kScale = 0.1147214f;
@@ -57,8 +57,8 @@ int main() {
   workspace.touch();  // the profile run: commit the workspace before the "engine" sizes its cache
 
   // Request r owns blocks [r * kBlocksPerRequest, (r + 1) * kBlocksPerRequest).
-  mlakit::Tensor block_table = mlakit::Tensor::empty({kRequests, kBlocksPerRequest},
-                                                     mlakit::DType::kI32);
+  mlakit::Tensor block_table =
+      mlakit::Tensor::empty({kRequests, kBlocksPerRequest}, mlakit::DType::kI32);
   for (int64_t i = 0; i < block_table.numel(); ++i) block_table.data<int32_t>()[i] = int32_t(i);
 
   std::vector<int32_t> seq_lens(kRequests, 0);
@@ -102,10 +102,11 @@ int main() {
       (std::isfinite(output.data<float>()[i]) ? finite_values : nonfinite_values) += 1;
     }
   }
-  std::printf("engine_step: %lld requests, prompt %lld, %lld decode steps: %lld outputs finite, "
-              "%lld not\n",
-              static_cast<long long>(kRequests), static_cast<long long>(kPromptLen),
-              static_cast<long long>(kDecodeSteps), static_cast<long long>(finite_values),
-              static_cast<long long>(nonfinite_values));
+  std::printf(
+      "engine_step: %lld requests, prompt %lld, %lld decode steps: %lld outputs finite, "
+      "%lld not\n",
+      static_cast<long long>(kRequests), static_cast<long long>(kPromptLen),
+      static_cast<long long>(kDecodeSteps), static_cast<long long>(finite_values),
+      static_cast<long long>(nonfinite_values));
   return nonfinite_values == 0 && finite_values > 0 ? 0 : 1;
 }
