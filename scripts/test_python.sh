@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Tests of the Python package: installs the pinned test dependencies and the package (which takes
-# libmlakit_c.so from build/release, see python/setup.py), then runs pytest on python/tests.
+# Tests of the Python package: installs the pinned test dependencies and the package (packaging
+# libmlakit_c.so of build/release, no compile: MLAKIT_BUILD_DIR, see python/pyproject.toml), then
+# runs pytest on python/tests.
 # Needs the release build first: cmake --preset release && cmake --build --preset release
 # (MLAKIT_BUILD_DIR names another build directory).
 # torch tests skip where torch is not installed; matplotlib is for `mlakit bench --plot`. Exit status: pytest's.
