@@ -26,6 +26,7 @@ write_basic_package_version_file("${PROJECT_BINARY_DIR}/mlakitConfigVersion.cmak
                                  COMPATIBILITY SameMinorVersion)
 install(FILES "${PROJECT_BINARY_DIR}/mlakitConfig.cmake"
               "${PROJECT_BINARY_DIR}/mlakitConfigVersion.cmake"
+              "${PROJECT_SOURCE_DIR}/cmake/FindOpenBLASOpenMP.cmake"
         DESTINATION "${MLAKIT_CMAKE_INSTALL_DIR}")
 if(MLAKIT_NCCL)
   # mlakit::mlakit links NCCL::nccl, which this module defines (NCCL ships no CMake package).

@@ -1,5 +1,5 @@
 // Threads of the CPU backend. mlakit runs its CPU kernels on a thread pool of its own whose idle
-// workers sleep (no spinning, no OpenMP runtime): it needs no OMP_WAIT_POLICY and changes no
+// workers sleep (no spinning, no OpenMP threads): it needs no OMP_WAIT_POLICY and changes no
 // process-wide setting of the host program (docs/perf-notes.md, "CPU threads").
 #pragma once
 

@@ -21,8 +21,8 @@ using detail::BatchedGemm;
 using detail::GemmOperand;
 
 // Largest tile of c one sgemm call computes. Why: 256 x 1024 f32 is 1 MiB, so the f32 scratch of
-// a 16-bit c tile stays in a core's L2, and both sides are far above the GEMM's register blocks
-// (Eigen's: at most 3 x 4 vectors, 24 x 4 on AVX2), so a tile runs at the single-thread rate.
+// a 16-bit c tile stays in a core's L2, and both sides are far above OpenBLAS's register blocks
+// (at most 16 x 4 ... 32 x 6 on AVX-512), so a tile runs at the single-thread sgemm rate.
 constexpr int64_t kMaxTileRows = 256;
 constexpr int64_t kMaxTileCols = 1024;
 // Smallest tile a split for more parallelism may produce. Why: below ~64 rows or columns the
@@ -176,6 +176,7 @@ void batched_gemm(const BatchedGemm& g) {
     fill_zero(g);
     return;
   }
+  require_per_thread_blas("batched_matmul");
   thread_local std::vector<float> a_f32, w_f32;  // reused across calls of this thread
   const GemmOperand a =
       g.a.dtype == DType::kF32 ? g.a : widen_operand(g.a, g.batch, g.m, g.k, a_f32);

@@ -1,5 +1,5 @@
 // CPU parallelism: one place that decides how work is spread over cores (the library's own thread
-// pool, cpu/thread_pool.hpp; no OpenMP runtime).
+// pool, cpu/thread_pool.hpp; no OpenMP threads).
 #pragma once
 
 #include <cstdint>

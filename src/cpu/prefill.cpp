@@ -339,6 +339,7 @@ void PrefillKernel::write_empty_rows(int64_t token_begin, int64_t token_end, int
 }  // namespace
 
 void mla_prefill(const PrefillArgs& args) {
+  require_per_thread_blas("mla_prefill");
   const int64_t heads = args.q.shape[1];
   const PrefillKernel kernel(args);
   const std::vector<WorkItem> items = make_work_items(args, heads, choose_item_rows(args, heads));
