@@ -1,8 +1,8 @@
 """`mlakit bench` (the C++ command) and `python -m mlakit.plot`: the files it writes, its work
 model against FLOP and byte counts computed here from the preset's dimensions, and the chart.
 
-The command is $MLAKIT_CLI (scripts/test_python.sh points it at the release build); the tests
-skip, saying so, when it is not set.
+The command is $MLAKIT_CLI (scripts/test_python.sh, and scripts/test.sh for the wheel test, point
+it at the release build); the tests skip, saying so, when it is not set.
 """
 
 import csv
