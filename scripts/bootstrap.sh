@@ -9,7 +9,9 @@ PACKAGES=(
   ninja-build=1.11.1-2~deb12u1
   g++=4:12.2.0-3
   pkgconf=1.8.1-1
-  libopenblas-dev=0.3.21+ds-4
+  # OpenBLAS's OpenMP build, the one mlakit can call from its own threads (FindOpenBLASOpenMP.cmake).
+  libopenblas-openmp-dev=0.3.21+ds-4
+  libopenblas0-openmp=0.3.21+ds-4
   libgtest-dev=1.12.1-0.2
   libgmock-dev=1.12.1-0.2
   libcli11-dev=2.1.2+ds-1

@@ -33,7 +33,7 @@ for target in "${TARGETS[@]}"; do
   mkdir -p "$work"
   if [ -n "${FUZZ_RUNS:-}" ]; then budget=(-runs="$FUZZ_RUNS"); else budget=(-max_total_time="$SECONDS_PER_TARGET"); fi
   log=$OUT/fuzz_$target.log
-  # One thread for the library's OpenMP loops: one core per fuzzer. -timeout: an input slower
+  # One thread for the library's CPU pool (it reads OMP_NUM_THREADS): one core per fuzzer. -timeout: an input slower
   # than 10 s is a finding (one execution takes about a millisecond); -max_len: every target
   # reads its whole call from fewer bytes.
   if OMP_NUM_THREADS=1 "$binary" "${budget[@]}" -timeout=10 -rss_limit_mb=2048 -max_len=4096 \

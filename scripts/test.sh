@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # The tests: installs dependencies, then
-#   1. Release build with warnings as errors, all tests (GPU tests skip without a GPU), then the
-#      Python package's pytest suite against that build;
+#   1. Release build with warnings as errors, all tests (GPU tests skip without a GPU), the
+#      examples/cpp program built against that build installed and in-tree, then `pip install
+#      ./python` (packaging that build's library) into a fresh venv and the package's pytest
+#      suite against that wheel;
 #   2. AddressSanitizer + UndefinedBehaviorSanitizer build, all CPU tests;
 #   3. the libFuzzer targets (clang, ASan + UBSan), 60 s each on their seed corpus;
 #   4. when nvcc exists: the CUDA backend compiled for sm_90a (and its tests run, which skip
@@ -16,8 +18,16 @@ cmake --preset release > /dev/null
 cmake --build --preset release -j "$JOBS"
 ctest --preset release -j "$JOBS"
 
-echo "== Python package (ctypes over libmlakit_c.so) =="
-bash scripts/test_python.sh
+echo "== examples/cpp: find_package(mlakit) of the installed release build, and add_subdirectory =="
+JOBS="$JOBS" bash scripts/test_examples.sh
+
+echo "== Python package: fresh venv, pip install ./python, pytest on the installed wheel =="
+# The release build's library is packaged (no second compile; without MLAKIT_BUILD_DIR the same
+# script compiles it from source, as a user's pip install does); the `mlakit bench` tests run the
+# release build's command. This is the whole suite (scripts/test_python.sh runs the same suite
+# against the same library in the current Python, for development).
+MLAKIT_BUILD_DIR="$PWD/build/release" MLAKIT_CLI="$PWD/build/release/apps/mlakit/mlakit" \
+  bash scripts/test_python_wheel.sh
 
 echo "== ASan + UBSan build =="
 cmake --preset asan > /dev/null

@@ -1,11 +1,10 @@
 #include "info.hpp"
 
-#include <omp.h>
-
 #include <fstream>
 #include <string>
 #include <thread>
 
+#include "mlakit/threads.hpp"
 #include "presets.hpp"
 
 #if defined(MLAKIT_WITH_CUDA)
@@ -61,8 +60,9 @@ void print_info(std::ostream& os) {
   const bool with_cuda = false;
 #endif
   os << "mlakit " << MLAKIT_VERSION << "\n";
-  os << "build:    CUDA " << (with_cuda ? "on" : "off") << ", BLAS OpenBLAS, OpenMP "
-     << omp_get_max_threads() << " threads\n";
+  os << "build:    CUDA " << (with_cuda ? "on" : "off")
+     << ", CPU GEMM OpenBLAS (OpenMP build, one thread per call), " << mlakit::cpu_num_threads()
+     << " CPU threads (mlakit's pool)\n";
   os << "backends: cpu" << (with_cuda ? ", cuda" : "") << "\n";
   os << "cpu:      " << cpu_model() << ", " << std::thread::hardware_concurrency() << " cores\n";
   print_gpus(os);

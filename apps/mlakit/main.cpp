@@ -1,4 +1,5 @@
-// The `mlakit` command: `run` (serving simulation of an MLA layer stack) and `info`.
+// The `mlakit` command: `run` (serving simulation of an MLA layer stack), `bench` (kernel and
+// layer grids against the measured roofline) and `info`.
 // Exit codes: 0 success, 1 `run --verify` found errors above tolerance, 2 bad flags or an error.
 #include <CLI/CLI.hpp>
 #include <exception>
@@ -7,6 +8,8 @@
 #include <memory>
 #include <string>
 
+#include "bench.hpp"
+#include "bench_options.hpp"
 #include "info.hpp"
 #include "mlakit/error.hpp"
 #include "presets.hpp"
@@ -144,6 +147,21 @@ void add_run_options(CLI::App& run, RunOptions& o) {
       ->capture_default_str();
 }
 
+void add_bench_options(CLI::App& bench, mlakit::cli::BenchOptions& o) {
+  bench.add_option("--device", o.device, "cpu, cuda or cuda:N")->capture_default_str();
+  bench
+      .add_option("--preset,--model", o.model,
+                  "model preset; default deepseek-v2-lite on the CPU, deepseek-v3 with cuda")
+      ->check(CLI::IsMember(mlakit::cli::model_preset_names()));
+  bench.add_flag("--quick", o.quick, "the small grid (under a minute on a 2-core CPU)");
+  bench.add_option("--reps", o.reps, "timed runs per case, median (default 3 quick, 7 full)")
+      ->check(at_least(1));
+  bench.add_option("--json", o.json_path, "write the results as JSON to PATH");
+  bench.add_option("--csv", o.csv_path, "write the results as CSV to PATH");
+  bench.add_option("--plot", o.plot_path,
+                   "draw the roofline and time chart to PATH.png (python -m mlakit.plot)");
+}
+
 int run_command(const RunOptions& options) {
   mlakit::cli::RunConfig config = mlakit::cli::resolve_run_options(options);
 #if defined(MLAKIT_WITH_MPI)
@@ -199,6 +217,10 @@ int main(int argc, char** argv) {
   RunOptions options;
   CLI::App* run = app.add_subcommand("run", "simulate serving a stack of MLA layers");
   add_run_options(*run, options);
+  mlakit::cli::BenchOptions bench_options;
+  CLI::App* bench =
+      app.add_subcommand("bench", "time decode, prefill and layer steps against the roofline");
+  add_bench_options(*bench, bench_options);
   CLI::App* info = app.add_subcommand("info", "version, build options, backends, CPU and GPU");
   try {
     app.parse(argc, argv);
@@ -210,6 +232,7 @@ int main(int argc, char** argv) {
       mlakit::cli::print_info(std::cout);
       return 0;
     }
+    if (bench->parsed()) return mlakit::cli::run_bench(bench_options);
     return run_command(options);
   } catch (const std::exception& e) {
     std::cerr << "mlakit: error: " << e.what() << "\n";

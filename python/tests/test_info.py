@@ -16,7 +16,7 @@ def test_build_info_describes_the_build():
     assert info["version"] == mlakit.version()
     assert info["abi"] == 4
     assert isinstance(info["cuda"], bool)
-    assert info["blas"] == "openblas"
+    assert info["blas"] == "openblas-openmp"
     assert info["threads"] >= 1
 
 

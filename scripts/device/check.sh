@@ -145,6 +145,25 @@ if [ -x .devbin/bin/mlakit ] && selected mlakit; then
   done
 fi
 
+if [ -x .devbin/bin/mlakit ] && selected mlakit_bench; then
+  # The roofline grids of `mlakit bench` (docs/cli.md): JSON and CSV into $OUT, and the chart
+  # when this machine's Python has the package and matplotlib (else: python -m mlakit.plot
+  # $OUT/mlakit-bench.json out.png back home).
+  say "== mlakit bench --device cuda --quick"
+  start=$SECONDS
+  plot=()
+  if python3 -c "import mlakit.plot, matplotlib" > /dev/null 2>&1; then
+    plot=(--plot "$OUT/mlakit-bench.png")
+  fi
+  timeout "$BENCH_TIMEOUT" .devbin/bin/mlakit bench --device cuda --quick \
+    --json "$OUT/mlakit-bench.json" --csv "$OUT/mlakit-bench.csv" "${plot[@]}" \
+    > /tmp/mlakit-bench.log 2>&1
+  rc=$?
+  tail -n 20 /tmp/mlakit-bench.log | tee -a "$LOG"
+  if [ "$rc" -ne 0 ]; then failed+=("mlakit bench"); fi
+  say "mlakit bench: exit $rc ($((SECONDS - start)) s)"
+fi
+
 benches=(.devbin/bin/bench_gpu_*)
 if [ -e "${benches[0]}" ]; then
   say "== GPU benches"

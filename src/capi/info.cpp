@@ -26,11 +26,12 @@ constexpr bool kWithOpenMp = false;
 
 std::string make_build_info() {
   auto flag = [](bool on) { return on ? "true" : "false"; };
-  return mlakit::detail::str_cat(
-      "{\"version\": \"", MLAKIT_VERSION, "\", \"abi\": ", MLAKIT_C_ABI_VERSION,
-      ", \"cuda\": ", flag(kWithCuda), ", \"blas\": \"openblas\", \"openmp\": ", flag(kWithOpenMp),
-      ", \"threads\": ", mlakit::cpu::num_threads(), ", \"sanitizers\": ", flag(kWithSanitizers),
-      "}");
+  return mlakit::detail::str_cat("{\"version\": \"", MLAKIT_VERSION,
+                                 "\", \"abi\": ", MLAKIT_C_ABI_VERSION,
+                                 ", \"cuda\": ", flag(kWithCuda),
+                                 ", \"blas\": \"openblas-openmp\", \"openmp\": ", flag(kWithOpenMp),
+                                 ", \"threads\": ", mlakit::cpu::num_threads(),
+                                 ", \"sanitizers\": ", flag(kWithSanitizers), "}");
 }
 
 }  // namespace

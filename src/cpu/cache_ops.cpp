@@ -2,7 +2,7 @@
 // index value it will use (O(tokens), a few loads per token) and throws on the first bad one, then
 // a parallel pass over chunks of tokens that moves the entries with memcpy or with per-element
 // loops the compiler vectorizes. Because the first pass finishes before the second starts, bad
-// input never leaves a partly written output and nothing throws inside an OpenMP region.
+// input never leaves a partly written output and nothing throws inside a parallel loop.
 #include "cpu/cache_ops.hpp"
 
 #include <algorithm>
@@ -27,7 +27,7 @@ constexpr const char* kCpGatherOp = "cp_gather_cache";
 constexpr const char* kGatherRowsOp = "gather_rows_and_maybe_dequant";
 
 // Tokens per parallel work item: 16 entries (18 KiB of bf16 576-wide entries) amortise the
-// OpenMP scheduling cost while a batch of a few hundred tokens still spreads over every core.
+// scheduling cost while a batch of a few hundred tokens still spreads over every core.
 constexpr int64_t kTokensPerChunk = 16;
 
 // Calls fn(i) for every i in [begin, end), in chunks of kTokensPerChunk spread over the threads.

@@ -72,7 +72,7 @@ struct Shape {
 };
 
 // Per-thread buffers, grown on first use and kept for later calls (so a warm run allocates
-// nothing). thread_local: each OpenMP worker owns its own, and concurrent calls from different
+// nothing). thread_local: each pool worker owns its own, and concurrent calls from different
 // user threads never share one.
 class Scratch {
  public:

@@ -1,7 +1,5 @@
-// CPU batched GEMM: OpenMP over tiles of c, one single-threaded cblas_sgemm per tile.
+// CPU batched GEMM: the thread pool over tiles of c, one single-threaded sgemm per tile.
 #include "cpu/matmul.hpp"
-
-#include <cblas.h>
 
 #include <algorithm>
 #include <cstdint>
@@ -13,6 +11,7 @@
 #endif
 
 #include "cpu/parallel.hpp"
+#include "cpu/sgemm.hpp"
 #include "mlakit/dtype.hpp"
 
 namespace mlakit::cpu {
@@ -31,11 +30,11 @@ constexpr int64_t kMaxTileCols = 1024;
 constexpr int64_t kMinTileRows = 64;
 constexpr int64_t kMinTileCols = 64;
 // Multiply-adds below which a call runs on the calling thread alone. Why: 2^18 MACs take a core
-// about 10 us, the order of waking an OpenMP team (and far less than a team that has to wait for
-// descheduled threads on a loaded machine).
+// about 10 us, the order of waking the pool's sleeping workers (and far less than workers that have
+// to wait for a core on a loaded machine).
 constexpr int64_t kMinParallelMacs = int64_t{1} << 18;
 // Elements one conversion task handles. Why: 64 Ki f32 (256 KiB) amortizes the scheduling of a
-// dynamic OpenMP chunk while still giving every thread work for a 512 x 512 operand.
+// dynamic work item while still giving every thread work for a 512 x 512 operand.
 constexpr int64_t kConvertChunkElems = int64_t{1} << 16;
 
 int64_t cdiv(int64_t x, int64_t y) { return (x + y - 1) / y; }
@@ -109,12 +108,6 @@ GemmOperand widen_operand(const GemmOperand& op, int64_t batch, int64_t rows, in
   return {buffer.data(), DType::kF32, op.col_major, line, copies == 1 ? 0 : lines * line};
 }
 
-// mlakit spreads GEMMs over its OpenMP threads itself, so each sgemm call must stay on the thread
-// that makes it (OpenBLAS's own pool would oversubscribe the cores). Process-wide setting.
-void use_single_threaded_blas() {
-  if (openblas_get_num_threads() != 1) openblas_set_num_threads(1);
-}
-
 struct Tiling {
   int64_t m_tiles;
   int64_t n_tiles;
@@ -140,22 +133,19 @@ Tiling choose_tiling(const BatchedGemm& g, int threads) {
 void gemm_tile(const BatchedGemm& g, const GemmOperand& a, const GemmOperand& w, int64_t b,
                int64_t m0, int64_t m1, int64_t n0, int64_t n1) {
   const int64_t rows = m1 - m0, cols = n1 - n0;
-  const CBLAS_ORDER order = g.c.col_major ? CblasColMajor : CblasRowMajor;
-  const auto trans = [&](const GemmOperand& op) {
-    return op.col_major == g.c.col_major ? CblasNoTrans : CblasTrans;
-  };
+  const MatrixLayout layout = g.c.col_major ? MatrixLayout::kColMajor : MatrixLayout::kRowMajor;
+  const auto trans = [&](const GemmOperand& op) { return op.col_major != g.c.col_major; };
   const float* a_tile =
       static_cast<const float*>(a.data) + b * a.batch_stride + element_offset(a, m0, 0);
   const float* w_tile =
       static_cast<const float*>(w.data) + b * w.batch_stride + element_offset(w, 0, n0);
   char* c_tile = byte_ptr(g.c.data, g.c.dtype, b * g.c.batch_stride + element_offset(g.c, m0, n0));
-  const auto sgemm = [&](float* out, int64_t ldc) {
-    cblas_sgemm(order, trans(a), trans(w), static_cast<int>(rows), static_cast<int>(cols),
-                static_cast<int>(g.k), 1.0f, a_tile, static_cast<int>(a.ld), w_tile,
-                static_cast<int>(w.ld), 0.0f, out, static_cast<int>(ldc));
+  const auto multiply_into = [&](float* out, int64_t ldc) {
+    sgemm(layout, trans(a), trans(w), rows, cols, g.k, 1.0f, a_tile, a.ld, w_tile, w.ld, 0.0f, out,
+          ldc);
   };
   if (g.c.dtype == DType::kF32) {
-    sgemm(reinterpret_cast<float*>(c_tile), g.c.ld);
+    multiply_into(reinterpret_cast<float*>(c_tile), g.c.ld);
     return;
   }
   // 16-bit c: sgemm into a dense f32 tile of c's orientation, then round line by line.
@@ -163,7 +153,7 @@ void gemm_tile(const BatchedGemm& g, const GemmOperand& a, const GemmOperand& w,
   const int64_t lines = g.c.col_major ? cols : rows;
   const int64_t line = g.c.col_major ? rows : cols;
   scratch.resize(static_cast<size_t>(lines * line));
-  sgemm(scratch.data(), line);
+  multiply_into(scratch.data(), line);
   for (int64_t l = 0; l < lines; ++l) {
     narrow_line(scratch.data() + l * line, g.c.dtype, c_tile + l * g.c.ld * dtype_size(g.c.dtype),
                 line);
@@ -186,7 +176,7 @@ void batched_gemm(const BatchedGemm& g) {
     fill_zero(g);
     return;
   }
-  use_single_threaded_blas();
+  require_per_thread_blas("batched_matmul");
   thread_local std::vector<float> a_f32, w_f32;  // reused across calls of this thread
   const GemmOperand a =
       g.a.dtype == DType::kF32 ? g.a : widen_operand(g.a, g.batch, g.m, g.k, a_f32);

@@ -1,7 +1,5 @@
 #include "cpu/prefill.hpp"
 
-#include <cblas.h>
-
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -10,6 +8,7 @@
 
 #include "cpu/float_rows.hpp"
 #include "cpu/parallel.hpp"
+#include "cpu/sgemm.hpp"
 
 namespace mlakit::cpu {
 
@@ -91,20 +90,6 @@ inline float max_of(const float* x, int64_t n) {
   for (; j < n; ++j) m = std::max(m, x[j]);
   return m;
 }
-
-// OpenBLAS runs single-threaded inside this scope: the kernel calls sgemm from its own OpenMP
-// workers, where a threaded BLAS would oversubscribe the cores or serialize on its thread pool.
-// The setting is process-wide; the previous value is restored on exit.
-class SingleThreadedBlas {
- public:
-  SingleThreadedBlas() : saved_(openblas_get_num_threads()) { openblas_set_num_threads(1); }
-  ~SingleThreadedBlas() { openblas_set_num_threads(saved_); }
-  SingleThreadedBlas(const SingleThreadedBlas&) = delete;
-  SingleThreadedBlas& operator=(const SingleThreadedBlas&) = delete;
-
- private:
-  int saved_;
-};
 
 // Keys [0, visible) that query row i of a request (sq queries, sk keys) attends to.
 int64_t visible_keys(int64_t i, int64_t sq, int64_t sk, bool causal) {
@@ -277,20 +262,16 @@ void PrefillKernel::attend_tile(const ItemGeometry& g, int64_t kb, int64_t r0, i
   float* scores = sc.s.data() + r0 * kBlockK;  // [rows, kBlockK]
   float* o = sc.o.data() + r0 * dv_;           // [rows, V]
   // scores = (scale * log2 e) * Q K^T
-  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(rows),
-              static_cast<int>(width), static_cast<int>(dqk_), a_.scale * kLog2e,
-              sc.q.data() + r0 * dqk_, static_cast<int>(dqk_), sc.k.data(), static_cast<int>(dqk_),
-              0.0f, scores, static_cast<int>(kBlockK));
+  sgemm(MatrixLayout::kRowMajor, false, true, rows, width, dqk_, a_.scale * kLog2e,
+        sc.q.data() + r0 * dqk_, dqk_, sc.k.data(), dqk_, 0.0f, scores, kBlockK);
   for (int64_t r = 0; r < rows; ++r) {
     const int64_t cols = std::clamp<int64_t>(g.visible(r0 + r) - kb, 0, width);
     softmax_row(scores + r * kBlockK, cols, width, sc.row_max[r0 + r], sc.row_sum[r0 + r],
                 o + r * dv_);
   }
   // O += P V
-  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, static_cast<int>(rows),
-              static_cast<int>(dv_), static_cast<int>(width), 1.0f, scores,
-              static_cast<int>(kBlockK), sc.v.data(), static_cast<int>(dv_), 1.0f, o,
-              static_cast<int>(dv_));
+  sgemm(MatrixLayout::kRowMajor, false, false, rows, dv_, width, 1.0f, scores, kBlockK, sc.v.data(),
+        dv_, 1.0f, o, dv_);
 }
 
 void PrefillKernel::store_row_result(int64_t token, int64_t head, const float* out_row,
@@ -358,17 +339,15 @@ void PrefillKernel::write_empty_rows(int64_t token_begin, int64_t token_end, int
 }  // namespace
 
 void mla_prefill(const PrefillArgs& args) {
+  require_per_thread_blas("mla_prefill");
   const int64_t heads = args.q.shape[1];
   const PrefillKernel kernel(args);
   const std::vector<WorkItem> items = make_work_items(args, heads, choose_item_rows(args, heads));
-  {
-    SingleThreadedBlas single_threaded_blas;
-    parallel_for(0, static_cast<int64_t>(items.size()), [&](int64_t i) {
-      thread_local Scratch scratch;  // per thread, reused: no allocation per item
-      scratch.reserve(args.q.shape[2], args.v.shape[2]);
-      kernel.run(items[i], scratch);
-    });
-  }
+  parallel_for(0, static_cast<int64_t>(items.size()), [&](int64_t i) {
+    thread_local Scratch scratch;  // per thread, reused: no allocation per item
+    scratch.reserve(args.q.shape[2], args.v.shape[2]);
+    kernel.run(items[i], scratch);
+  });
   kernel.write_empty_rows(args.cu_seqlens_q.back(), args.q.shape[0], heads);
 }
 

@@ -64,7 +64,7 @@ static void test_version(void) {
   const char* info = mlakit_build_info();
   CHECK(info[0] == '{');
   CHECK(strstr(info, "\"cuda\": ") != NULL);
-  CHECK(strstr(info, "\"blas\": \"openblas\"") != NULL);
+  CHECK(strstr(info, "\"blas\": \"openblas-openmp\"") != NULL);
   CHECK(strstr(info, "\"threads\": ") != NULL);
   CHECK(strstr(info, mlakit_version()) != NULL);
   CHECK(strcmp(mlakit_status_name(MLAKIT_ERROR_OUT_OF_RANGE), "out_of_range") == 0);

@@ -1,0 +1,98 @@
+#include "bench.hpp"
+
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <string>
+
+#include "bench_report.hpp"
+#include "mlakit/dtype.hpp"
+#include "mlakit/threads.hpp"
+#include "presets.hpp"
+#include "run_options.hpp"
+
+namespace mlakit::cli {
+namespace {
+
+constexpr int kExitError = 2;
+
+// Single-quoted for /bin/sh.
+std::string shell_quote(const std::string& text) {
+  std::string quoted = "'";
+  for (char ch : text) quoted += ch == '\'' ? std::string("'\\''") : std::string(1, ch);
+  return quoted + "'";
+}
+
+// Draws `json_path` into `png_path` with the Python package's plotter ($MLAKIT_PYTHON, else
+// python3). Returns false, having said why on stderr, when it fails.
+bool plot(const std::string& json_path, const std::string& png_path) {
+  const char* python = std::getenv("MLAKIT_PYTHON");
+  const std::string command = shell_quote(python != nullptr ? python : "python3") +
+                              " -m mlakit.plot " + shell_quote(json_path) + " " +
+                              shell_quote(png_path);
+  if (std::system(command.c_str()) != 0) {
+    std::cerr << "mlakit: error: --plot: `" << command << "` failed; it needs the Python package "
+              << "with matplotlib (pip install './python[plot]')\n";
+    return false;
+  }
+  return true;
+}
+
+}  // namespace
+
+int run_bench(const BenchOptions& o) {
+  const Device device = parse_device(o.device);
+  const std::string model =
+      !o.model.empty() ? o.model : (device.is_cuda() ? "deepseek-v3" : "deepseek-v2-lite");
+  const ModelPreset& preset = find_preset(model);
+  BenchSetup setup{device, preset.dims, preset.scale, preset.dtype,
+                   o.reps > 0 ? o.reps : (o.quick ? 3 : 7)};
+  BenchRun run;
+  run.device = device_name(device);
+  run.model = preset.name;
+  run.dtype = dtype_name(preset.dtype);
+  run.threads = cpu_num_threads();
+  run.quick = o.quick;
+  run.ceilings = measure_ceilings(device, o.quick);
+  for (const BenchCase& c : bench_grid(device, o.quick)) {
+    std::cerr << "bench: " << bench_kind_name(c.kind) << " " << c.label() << "\n";
+    run.results.push_back(run_bench_case(setup, c));
+  }
+  print_bench_table(std::cout, run);
+
+  if (!o.csv_path.empty()) {
+    std::ofstream csv(o.csv_path);
+    write_bench_csv(csv, run);
+    if (!csv) {
+      std::cerr << "mlakit: error: cannot write --csv " << o.csv_path << "\n";
+      return kExitError;
+    }
+  }
+  // --plot draws from the JSON: --json's file, or a temporary one.
+  std::string json_path = o.json_path;
+  if (json_path.empty() && !o.plot_path.empty()) {
+    json_path = (std::filesystem::temp_directory_path() /
+                 ("mlakit-bench-" + std::to_string(::getpid()) + ".json"))
+                    .string();
+  }
+  if (!json_path.empty()) {
+    std::ofstream json(json_path);
+    json << bench_json(run).dump(2) << "\n";
+    if (!json) {
+      std::cerr << "mlakit: error: cannot write --json " << json_path << "\n";
+      return kExitError;
+    }
+  }
+  if (!o.plot_path.empty()) {
+    const bool plotted = plot(json_path, o.plot_path);
+    if (o.json_path.empty()) std::filesystem::remove(json_path);
+    if (!plotted) return kExitError;
+  }
+  return 0;
+}
+
+}  // namespace mlakit::cli

@@ -1,0 +1,13 @@
+// Threads of the CPU backend. mlakit runs its CPU kernels on a thread pool of its own whose idle
+// workers sleep (no spinning, no OpenMP threads): it needs no OMP_WAIT_POLICY and changes no
+// process-wide setting of the host program (docs/perf-notes.md, "CPU threads").
+#pragma once
+
+namespace mlakit {
+
+// Threads a CPU kernel uses, the calling thread included: MLAKIT_NUM_THREADS, else the first value
+// of OMP_NUM_THREADS, else the CPUs this process may run on (its affinity mask). Read once, at the
+// first call or the first CPU kernel.
+int cpu_num_threads();
+
+}  // namespace mlakit
