@@ -295,6 +295,10 @@ inline float __shfl_xor_sync(unsigned /*mask*/, float v, int mask) {
   return emu::shfl_xor(v, mask);
 }
 inline float __log2f(float x) { return std::log2(x); }
+template <class T>
+inline T __ldg(const T* p) {
+  return *p;
+}
 inline int min(int a, int b) { return a < b ? a : b; }
 inline int max(int a, int b) { return a > b ? a : b; }
 

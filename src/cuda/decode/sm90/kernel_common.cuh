@@ -10,6 +10,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 
 #include "cuda/common/quad.cuh"
 #include "cuda/decode/sm90/params.cuh"
@@ -79,64 +80,103 @@ __device__ __forceinline__ WorkItem make_work_item(const DecodeKernelParams& p, 
 // ---- q
 // -------------------------------------------------------------------------------------------
 
-// Eight consecutive q values starting at element `offset`, converted to the MMA element type.
+// Eight 16-bit q values (`bits`, lowest first) of dtype `dtype` (kBF16 or kF16) in the MMA element
+// type: as stored when the types agree, else through f32, rounded to the element type.
+template <class Elem>
+__device__ __forceinline__ uint4 q16x8_as(uint4 bits, RuntimeDType dtype) {
+  constexpr RuntimeDType kElemDType =
+      std::is_same_v<Elem, Bf16Mma> ? RuntimeDType::kBF16 : RuntimeDType::kF16;
+  if (dtype == kElemDType) return bits;
+  uint32_t w[4] = {bits.x, bits.y, bits.z, bits.w};
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const auto lo = static_cast<uint16_t>(w[i]), hi = static_cast<uint16_t>(w[i] >> 16);
+    w[i] = dtype == RuntimeDType::kBF16
+               ? Elem::pack(__bfloat162float(__ushort_as_bfloat16(lo)),
+                            __bfloat162float(__ushort_as_bfloat16(hi)))
+               : Elem::pack(__half2float(__ushort_as_half(lo)), __half2float(__ushort_as_half(hi)));
+  }
+  return make_uint4(w[0], w[1], w[2], w[3]);
+}
+
+// Eight consecutive q values starting at element `offset`, converted to the MMA element type: the
+// path for f32, fp8 and unaligned 16-bit q (load_q_tile reads aligned 16-bit rows itself).
 template <class Elem>
 __device__ __forceinline__ uint4 load_q8(const DecodeKernelParams& p, int64_t offset) {
-  float f[8] = {};
   switch (p.q_dtype) {
     case RuntimeDType::kBF16:
     case RuntimeDType::kF16: {
       const uint16_t* src = static_cast<const uint16_t*>(p.q) + offset;
       uint16_t h[8];
-      if (p.q_rows_16b_aligned) {
-        const uint4 v = *reinterpret_cast<const uint4*>(src);
-        memcpy(h, &v, sizeof(h));
-      } else {
-        for (int i = 0; i < 8; ++i) h[i] = src[i];
-      }
-      for (int i = 0; i < 8; ++i) {
-        f[i] = p.q_dtype == RuntimeDType::kBF16 ? __bfloat162float(__ushort_as_bfloat16(h[i]))
-                                                : __half2float(__ushort_as_half(h[i]));
-      }
-      break;
+      for (int i = 0; i < 8; ++i) h[i] = src[i];
+      uint4 bits;
+      memcpy(&bits, h, sizeof(bits));
+      return q16x8_as<Elem>(bits, p.q_dtype);
     }
     case RuntimeDType::kF32: {
       const float* src = static_cast<const float*>(p.q) + offset;
-      for (int i = 0; i < 8; ++i) f[i] = src[i];
-      break;
+      return make_uint4(Elem::pack(src[0], src[1]), Elem::pack(src[2], src[3]),
+                        Elem::pack(src[4], src[5]), Elem::pack(src[6], src[7]));
     }
-    case RuntimeDType::kFp8E4m3: {
+    default: {  // kFp8E4m3
       const uint8_t* src = static_cast<const uint8_t*>(p.q) + offset;
-      for (int i = 0; i < 8; i += 2) {
-        const uint16_t two = static_cast<uint16_t>(src[i] | (src[i + 1] << 8));
+      uint32_t w[4];
+      for (int i = 0; i < 4; ++i) {
+        const auto two = static_cast<uint16_t>(src[2 * i] | (src[2 * i + 1] << 8));
         const float2 v = f16x2_to_float2(e4m3x2_to_f16x2(two));
-        f[i] = v.x;
-        f[i + 1] = v.y;
+        w[i] = Elem::pack(v.x, v.y);
       }
-      break;
+      return make_uint4(w[0], w[1], w[2], w[3]);
     }
   }
-  return make_uint4(Elem::pack(f[0], f[1]), Elem::pack(f[2], f[3]), Elem::pack(f[4], f[5]),
-                    Elem::pack(f[6], f[7]));
 }
 
 // q rows [row0, row0 + kBlockM) of request b -> dst [kBlockM][576] in the configuration's operand
-// layout (Cfg::operand_offset), zero past `rows`.
+// layout (Cfg::operand_offset), zero past `rows`. Thread t handles the 16-byte units t + i *
+// kThreads. Aligned 16-bit rows are fetched kQBatch units at a time before any is stored: in a
+// load-then-store loop through generic pointers each unit would wait out its own global-memory
+// round trip (the compiler cannot move a load above a store that may alias it), 5 round trips
+// per segment with 16 rows and 18 with 64 (docs/perf-notes.md).
 template <class Cfg>
 __device__ __forceinline__ void load_q_tile(const DecodeKernelParams& p, const WorkItem& w,
                                             uint8_t* dst) {
+  using Elem = typename Cfg::Element;
   constexpr int kUnits = Cfg::kBlockM * kRowChunks;  // 8 elements (16 bytes converted) each
-  for (int u = threadIdx.x; u < kUnits; u += kThreads) {
+  constexpr int kPerThread = (kUnits + kThreads - 1) / kThreads;
+  // Units in flight per thread: 6 x 16 bytes = 24 registers; 64 rows take 3 round trips.
+  constexpr int kQBatch = 6;
+  const bool aligned16 =
+      (p.q_dtype == RuntimeDType::kBF16 || p.q_dtype == RuntimeDType::kF16) && p.q_rows_16b_aligned;
+  auto unit_offset = [&](int u, bool& present) {
     const int r = u / kRowChunks, c = u % kRowChunks;
     const int row = w.row0 + r;
-    uint4 v = make_uint4(0, 0, 0, 0);
-    if (row < p.rows) {
-      const int j = row / p.num_heads, n = row % p.num_heads;
-      const int64_t offset =
-          w.batch_index * p.q_stride_batch + j * p.q_stride_query + n * p.q_stride_head + c * 8;
-      v = load_q8<typename Cfg::Element>(p, offset);
+    present = u < kUnits && row < p.rows;
+    const int j = row / p.num_heads, n = row % p.num_heads;
+    return w.batch_index * p.q_stride_batch + j * p.q_stride_query + n * p.q_stride_head + c * 8;
+  };
+#pragma unroll
+  for (int first = 0; first < kPerThread; first += kQBatch) {
+    uint4 v[kQBatch];
+#pragma unroll
+    for (int i = 0; i < kQBatch; ++i) {
+      const int u = static_cast<int>(threadIdx.x) + (first + i) * kThreads;
+      bool present = false;
+      const int64_t offset = unit_offset(u, present);
+      v[i] = make_uint4(0, 0, 0, 0);
+      if (first + i < kPerThread && present) {
+        v[i] =
+            aligned16
+                ? __ldg(reinterpret_cast<const uint4*>(static_cast<const uint16_t*>(p.q) + offset))
+                : load_q8<Elem>(p, offset);
+      }
     }
-    *reinterpret_cast<uint4*>(dst + Cfg::operand_offset(r, c)) = v;
+#pragma unroll
+    for (int i = 0; i < kQBatch; ++i) {
+      const int u = static_cast<int>(threadIdx.x) + (first + i) * kThreads;
+      if (first + i >= kPerThread || u >= kUnits) continue;
+      const uint4 value = aligned16 ? q16x8_as<Elem>(v[i], p.q_dtype) : v[i];
+      *reinterpret_cast<uint4*>(dst + Cfg::operand_offset(u / kRowChunks, u % kRowChunks)) = value;
+    }
   }
 }
 
@@ -203,20 +243,23 @@ __device__ __forceinline__ void copy_tile(const DecodeKernelParams& p, const Wor
 }
 
 // Issues the copies of tiles [0, kTilesAhead) (one commit group each, empty past num_tiles) and
-// looks up the page ids of tile kTilesAhead. `stage(tile)` is the ring stage of a tile.
+// looks up the page ids of tile kTilesAhead. `stage(tile)` is the ring stage of a tile. The page
+// ids of all those tiles are looked up first, so their block-table reads share one round trip.
 template <class Cfg, class StageFn>
 __device__ __forceinline__ void start_copies(const DecodeKernelParams& p, const WorkItem& w,
                                              StageFn stage, int (&next_pages)[Cfg::kLoadPasses],
                                              bool& bad) {
+  int pages[Cfg::kTilesAhead + 1][Cfg::kLoadPasses];  // -1 past cta_end (no read)
+#pragma unroll
+  for (int t = 0; t <= Cfg::kTilesAhead; ++t) lookup_pages<Cfg>(p, w, t, pages[t]);
 #pragma unroll
   for (int t = 0; t < Cfg::kTilesAhead; ++t) {
-    if (t < w.num_tiles) {
-      lookup_pages<Cfg>(p, w, t, next_pages);
-      copy_tile<Cfg>(p, w, t, next_pages, stage(t), bad);
-    }
+    if (t < w.num_tiles) copy_tile<Cfg>(p, w, t, pages[t], stage(t), bad);
     cp_async_commit();
   }
-  if (Cfg::kTilesAhead < w.num_tiles) lookup_pages<Cfg>(p, w, Cfg::kTilesAhead, next_pages);
+#pragma unroll
+  for (int pass = 0; pass < Cfg::kLoadPasses; ++pass)
+    next_pages[pass] = pages[Cfg::kTilesAhead][pass];
 }
 
 // In iteration t, once stage(t + kTilesAhead) is free: copies that tile (one commit group, empty
