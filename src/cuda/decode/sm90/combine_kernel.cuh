@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstdint>
 
+#include "cuda/common/grid_dependency.cuh"
 #include "cuda/decode/sm90/combine.cuh"
 #include "cuda/decode/sm90/params.cuh"
 #include "cuda/decode/work_plan.hpp"
@@ -63,6 +64,8 @@ __global__ void __launch_bounds__(kCombineThreads)
   __shared__ float scratch[kCombineThreads / 32];
   __shared__ float4 partial_sum[kGroupThreads];  // group 1's sums, added by group 0
 
+  wait_for_prior_grids();
+  allow_next_grid_launch();
   const int t = threadIdx.x;
   const int split = static_cast<int>(blockIdx.x / p.rows);
   const int row = static_cast<int>(blockIdx.x % p.rows);

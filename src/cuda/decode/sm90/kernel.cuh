@@ -21,6 +21,7 @@
 #include <cmath>
 #include <cstdint>
 
+#include "cuda/common/grid_dependency.cuh"
 #include "cuda/decode/sm90/kernel_common.cuh"
 #include "cuda/decode/sm90/params.cuh"
 #include "cuda/decode/sm90/ptx.cuh"
@@ -360,6 +361,8 @@ template <class Cfg>
 __global__ void __launch_bounds__(kThreads, 1)
     mla_decode_sm90_kernel(const __grid_constant__ DecodeKernelParams p) {
   extern __shared__ __align__(128) uint8_t smem[];
+  wait_for_prior_grids();
+  allow_next_grid_launch();
   const CtaWork work = cta_work<Cfg>(p);
   for (int segment = work.segment_begin; segment < work.segment_end; ++segment) {
     if (segment > work.segment_begin) __syncthreads();  // the last one is done with shared memory

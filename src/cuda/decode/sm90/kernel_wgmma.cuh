@@ -30,6 +30,7 @@
 #include <cute/tensor.hpp>
 #include <type_traits>
 
+#include "cuda/common/grid_dependency.cuh"
 #include "cuda/common/mbarrier.cuh"
 #include "cuda/common/named_barrier.cuh"
 #include "cuda/common/tma.cuh"
@@ -327,6 +328,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   extern __shared__ __align__(1024) uint8_t smem_raw[];
   uint8_t* const smem =
       smem_raw + (-static_cast<int>(smem_addr(smem_raw)) & (Cfg::kBaseAlignment - 1));
+  wait_for_prior_grids();
+  allow_next_grid_launch();
   const CtaWork work = cta_work<Cfg>(p);
   if (threadIdx.x == 0) {
     for (int st = 0; st < Cfg::kStages; ++st) {

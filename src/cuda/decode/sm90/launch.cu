@@ -37,11 +37,6 @@ constexpr int64_t kInt32Max = std::numeric_limits<int32_t>::max();
 // segment's end; 2^14 keeps ample headroom below 2^31.
 constexpr int64_t kMaxSeqLen = kInt32Max - (int64_t{1} << 14);
 
-void check_cuda(cudaError_t status, const char* what) {
-  require(status == cudaSuccess, ErrorCode::kBackend, kOp, ": ", what,
-          " failed: ", cudaGetErrorString(status));
-}
-
 RuntimeDType runtime_dtype(DType dtype) {
   switch (dtype) {
     case DType::kF32:
@@ -283,7 +278,6 @@ void mla_decode(const DecodeProblem& problem, const DecodeSchedule& schedule, St
   const auto cuda_stream = static_cast<cudaStream_t>(stream.handle);
   if (!schedule.device.planned_ahead) {
     launch_plan_kernel(plan.plan, cuda_stream);
-    check_cuda(cudaGetLastError(), "plan kernel launch");
   }
   switch (plan.format) {
     case CacheFormat::kNative:
@@ -296,11 +290,9 @@ void mla_decode(const DecodeProblem& problem, const DecodeSchedule& schedule, St
       launch_for_format<CacheFormat::kFp8DsMla>(plan, cuda_stream);
       break;
   }
-  check_cuda(cudaGetLastError(), "decode kernel launch");
   if (plan.combine_ctas > 0) {
     launch_combine_kernel(plan.combine, dim3(static_cast<unsigned>(plan.combine_ctas)),
                           cuda_stream);
-    check_cuda(cudaGetLastError(), "combine kernel launch");
   }
 }
 
@@ -318,7 +310,6 @@ void mla_decode_plan_ahead(const DecodeSchedule& schedule, const TensorView& blo
                        schedule, sizes, workspace);
   p.error_word = device_error_word(kOp);
   launch_plan_kernel(p, static_cast<cudaStream_t>(stream.handle));
-  check_cuda(cudaGetLastError(), "plan kernel launch");
 }
 
 }  // namespace mlakit::cuda

@@ -16,7 +16,8 @@ void launch_decode_wgmma_kernel(const DecodeKernelParams& params, dim3 grid, cud
   const CUtensorMap cache_map = make_cache_tensor_map(params);
   const auto kernel = &mla_decode_sm90_wgmma_kernel<Cfg>;
   set_max_dynamic_smem(reinterpret_cast<const void*>(kernel), Cfg::kSmemBytes, "mla_decode");
-  kernel<<<grid, kThreads, Cfg::kSmemBytes, stream>>>(params, cache_map);
+  launch_kernel_overlapped("mla_decode", "mla_decode_sm90_wgmma_kernel", kernel, grid,
+                           dim3(kThreads), Cfg::kSmemBytes, stream, params, cache_map);
 }
 
 }  // namespace mlakit::cuda::decode_sm90

@@ -14,6 +14,7 @@
 #include <cstdint>
 
 #include "cuda/common/device_errors.hpp"
+#include "cuda/common/grid_dependency.cuh"
 #include "cuda/decode/sm90/params.cuh"
 #include "cuda/decode/sm90/plan.cuh"
 #include "cuda/decode/sm90/ptx.cuh"
@@ -104,6 +105,8 @@ __global__ void __launch_bounds__(kPlanThreads)
     mla_decode_plan_kernel(const __grid_constant__ PlanParams p) {
   __shared__ int64_t cost_scratch[kPlanThreads];
   __shared__ PlanCounts count_scratch[kPlanThreads];
+  wait_for_prior_grids();
+  allow_next_grid_launch();
   const int t = static_cast<int>(threadIdx.x);
   const bool invariant = p.batch_invariant;
 

@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# Runs ON the GPU machine (device tool, carry [".devbin"]): the GPU time of each kernel of one
+# decode (plan, decode, combine) for a few bench_gpu_decode shapes, from Nsight Compute's
+# gpu__time_duration with caches and clocks left alone. Says where a small shape's time goes
+# (docs/perf-notes.md): the replay time minus these sums is the graph's launch gaps.
+#   SHAPES="B32 s_kv 1024 h_q 16 bf16;B1 s_kv 4096 h_q 128 bf16" bash scripts/device/kernel_times.sh
+# Writes $OUT/kernel_times.txt (one line per profiled kernel) and prints it.
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+OUT=${OUT:-/tmp/mlakit-profile}
+SHAPES=${SHAPES:-"B32 s_kv 1024 h_q 16 bf16;B1 s_kv 4096 h_q 128 bf16"}
+mkdir -p "$OUT"
+tar -C .devbin -xzf .devbin/programs.tar.gz
+LIBDIR=/tmp/mlakit-devlib
+rm -rf "$LIBDIR" && mkdir -p "$LIBDIR" && tar -C "$LIBDIR" -xzf .devbin/lib.tar.gz
+export LD_LIBRARY_PATH="$LIBDIR/lib:$LIBDIR:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
+: > "$OUT/kernel_times.txt"
+IFS=';' read -ra shapes <<< "$SHAPES"
+for shape in "${shapes[@]}"; do
+  # The first graph of a row holds plan + decode + combine per input copy: 3 copies' kernels.
+  timeout 150 ncu --clock-control none --cache-control none --kernel-name "regex:mla_decode" \
+    --launch-count 9 --metrics gpu__time_duration.sum,launch__grid_size --csv \
+    .devbin/bin/bench_gpu_decode --only "$shape" > "$OUT/ncu_times.csv" 2>&1
+  echo "== $shape" | tee -a "$OUT/kernel_times.txt"
+  grep -v '^==' "$OUT/ncu_times.csv" | python3 -c '
+import csv, sys
+rows = list(csv.reader(sys.stdin))
+head = rows[0] if rows else []
+if "Kernel Name" not in head:
+    print("".join(",".join(r) + "\n" for r in rows[-20:])); sys.exit()
+k, m, v = head.index("Kernel Name"), head.index("Metric Name"), head.index("Metric Value")
+for r in rows[1:]:
+    if len(r) > v:
+        print(f"{r[k][:40]:40s} {r[m]:28s} {r[v]}")
+' | tee -a "$OUT/kernel_times.txt"
+  grep -E "^B[0-9]" "$OUT/ncu_times.csv" | tee -a "$OUT/kernel_times.txt"
+done
