@@ -11,7 +11,7 @@
 
 namespace mlakit::cuda {
 
-namespace detail {
+namespace launch_internal {
 template <class... Params, class... Args>
 void launch_kernel_with(bool overlapped, const char* op, const char* name,
                         void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem_bytes,
@@ -29,15 +29,15 @@ void launch_kernel_with(bool overlapped, const char* op, const char* name,
   const cudaError_t status = cudaLaunchKernelEx(&config, kernel, static_cast<Args&&>(args)...);
   if (status != cudaSuccess) fail_launch(op, name, status);
 }
-}  // namespace detail
+}  // namespace launch_internal
 
 // kernel<<<grid, block, smem_bytes, stream>>>(args...); throws kBackend "<op>: launch of <name>
 // failed on cuda:N: <CUDA message>" when the launch is refused (fail_launch).
 template <class... Params, class... Args>
 void launch_kernel(const char* op, const char* name, void (*kernel)(Params...), dim3 grid,
                    dim3 block, size_t smem_bytes, cudaStream_t stream, Args&&... args) {
-  detail::launch_kernel_with(false, op, name, kernel, grid, block, smem_bytes, stream,
-                             static_cast<Args&&>(args)...);
+  launch_internal::launch_kernel_with(false, op, name, kernel, grid, block, smem_bytes, stream,
+                                      static_cast<Args&&>(args)...);
 }
 
 // As launch_kernel, as a programmatic dependent launch: the kernel's CTAs may start while the
@@ -48,8 +48,8 @@ template <class... Params, class... Args>
 void launch_kernel_overlapped(const char* op, const char* name, void (*kernel)(Params...),
                               dim3 grid, dim3 block, size_t smem_bytes, cudaStream_t stream,
                               Args&&... args) {
-  detail::launch_kernel_with(true, op, name, kernel, grid, block, smem_bytes, stream,
-                             static_cast<Args&&>(args)...);
+  launch_internal::launch_kernel_with(true, op, name, kernel, grid, block, smem_bytes, stream,
+                                      static_cast<Args&&>(args)...);
 }
 
 }  // namespace mlakit::cuda
