@@ -219,12 +219,22 @@ __device__ __forceinline__ void decode_segment(const DecodeKernelParams& p, cons
   uint32_t q_frags[Cfg::kQInRegisters ? kDimQK / 16 : 1][4];
   int next_pages[Cfg::kLoadPasses] = {};  // page ids of the next tile to copy
   if (w.num_tiles > 0) {
-    start_copies<Cfg>(p, w, raw_stage, next_pages, bad);
     if constexpr (Cfg::kQInRegisters) {
+      // q's loads go out before the tiles' copies, so its bytes do not queue behind the copies of
+      // every CTA's first tiles (16 rows: the whole tile is one batch).
+      static_assert(QTile<Cfg>::kBatch == QTile<Cfg>::kPerThread, "one batch holds q");
+      const bool fetched = q_fetchable(p);
+      uint4 q_raw[QTile<Cfg>::kBatch];
+      if (fetched) fetch_q_batch<Cfg>(p, w, 0, q_raw);
+      start_copies<Cfg>(p, w, raw_stage, next_pages, bad);
       // Stage q where no copy is in flight (the conversion buffer, or the ring stage the first
       // in-loop copy fills), then move it into A fragments.
       uint8_t* staging = Cfg::kConvert ? smem + Cfg::kConvOffset : raw_stage(Cfg::kStages - 1);
-      load_q_tile<Cfg>(p, w, staging);
+      if (fetched) {
+        store_q_batch<Cfg>(p, 0, q_raw, staging);
+      } else {
+        load_q_tile_slow<Cfg>(p, w, staging);
+      }
       __syncthreads();
 #pragma unroll
       for (int ks = 0; ks < kDimQK / 16; ++ks) {
@@ -232,6 +242,7 @@ __device__ __forceinline__ void decode_segment(const DecodeKernelParams& p, cons
                     smem_addr(staging) + swizzled<kRowBytes>(lane & 15, 2 * ks + (lane >> 4)));
       }
     } else {
+      start_copies<Cfg>(p, w, raw_stage, next_pages, bad);
       load_q_tile<Cfg>(p, w, smem + Cfg::kQOffset);  // read after the loop's first barrier
     }
   }
@@ -347,12 +358,14 @@ __device__ __forceinline__ void decode_segment(const DecodeKernelParams& p, cons
       const RowSink sink =
           finish_row(p, w, row, l, max_final[local_row], bad, warp == 0 && tq == 0);
       if (sink.base == nullptr) continue;
+      with_pair_store(sink.dtype, [&](auto store) {
 #pragma unroll
-      for (int nt = 0; nt < Cfg::kColTiles; ++nt) {
-        const int col = warp * Cfg::kColsPerWarp + nt * 8 + 2 * tq;
-        store_pair(sink.base, sink.offset + col, sink.dtype, o[mt][nt][2 * h] * sink.inv,
-                   o[mt][nt][2 * h + 1] * sink.inv);
-      }
+        for (int nt = 0; nt < Cfg::kColTiles; ++nt) {
+          const int col = warp * Cfg::kColsPerWarp + nt * 8 + 2 * tq;
+          store(sink.base, sink.offset + col, o[mt][nt][2 * h] * sink.inv,
+                o[mt][nt][2 * h + 1] * sink.inv);
+        }
+      });
     }
   }
 }

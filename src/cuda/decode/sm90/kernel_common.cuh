@@ -100,7 +100,7 @@ __device__ __forceinline__ uint4 q16x8_as(uint4 bits, RuntimeDType dtype) {
 }
 
 // Eight consecutive q values starting at element `offset`, converted to the MMA element type: the
-// path for f32, fp8 and unaligned 16-bit q (load_q_tile reads aligned 16-bit rows itself).
+// path for f32 and unaligned q (load_q_tile_slow).
 template <class Elem>
 __device__ __forceinline__ uint4 load_q8(const DecodeKernelParams& p, int64_t offset) {
   switch (p.q_dtype) {
@@ -122,61 +122,145 @@ __device__ __forceinline__ uint4 load_q8(const DecodeKernelParams& p, int64_t of
       const uint8_t* src = static_cast<const uint8_t*>(p.q) + offset;
       uint32_t w[4];
       for (int i = 0; i < 4; ++i) {
-        const auto two = static_cast<uint16_t>(src[2 * i] | (src[2 * i + 1] << 8));
-        const float2 v = f16x2_to_float2(e4m3x2_to_f16x2(two));
-        w[i] = Elem::pack(v.x, v.y);
+        w[i] = Elem::from_e4m3x2(static_cast<uint16_t>(src[2 * i] | (src[2 * i + 1] << 8)));
       }
       return make_uint4(w[0], w[1], w[2], w[3]);
     }
   }
 }
 
-// q rows [row0, row0 + kBlockM) of request b -> dst [kBlockM][576] in the configuration's operand
-// layout (Cfg::operand_offset), zero past `rows`. Thread t handles the 16-byte units t + i *
-// kThreads. Aligned 16-bit rows are fetched kQBatch units at a time before any is stored: in a
-// load-then-store loop through generic pointers each unit would wait out its own global-memory
-// round trip (the compiler cannot move a load above a store that may alias it), 5 round trips
-// per segment with 16 rows and 18 with 64 (docs/perf-notes.md).
+// A q tile, rows [row0, row0 + kBlockM) of request b, is kUnits 16-byte units (8 converted
+// elements) of the operand layout; thread t handles units t + i * kThreads.
+template <class Cfg>
+struct QTile {
+  static constexpr int kUnits = Cfg::kBlockM * kRowChunks;
+  static constexpr int kPerThread = (kUnits + kThreads - 1) / kThreads;  // 5 (16 rows), 18 (64)
+  // Units fetched before any is stored: 6 x 16 bytes = 24 registers in flight per thread, so 16
+  // rows take one round trip and 64 rows three.
+  static constexpr int kBatch = kPerThread < 6 ? kPerThread : 6;
+};
+
+// Whether q's units can be fetched raw (fetch_q_batch): 16-bit or fp8 rows on 16-byte boundaries.
+// Otherwise (f32, unaligned) load_q_tile_slow converts unit by unit.
+__device__ __forceinline__ bool q_fetchable(const DecodeKernelParams& p) {
+  return p.q_rows_16b_aligned && p.q_dtype != RuntimeDType::kF32;
+}
+
+// Issues the loads of this thread's units [first, first + kBatch) of the q tile (q_fetchable):
+// raw bytes, 16 per unit (8 for fp8, in .x and .y), zero past `rows`. Nothing waits for them here:
+// a load-then-store loop through generic pointers would wait out one global-memory round trip per
+// unit (the compiler cannot move a load above a store that may alias it).
+template <class Cfg>
+__device__ __forceinline__ void fetch_q_batch(const DecodeKernelParams& p, const WorkItem& w,
+                                              int first, uint4 (&raw)[QTile<Cfg>::kBatch]) {
+  using Q = QTile<Cfg>;
+#pragma unroll
+  for (int i = 0; i < Q::kBatch; ++i) {
+    const int u = static_cast<int>(threadIdx.x) + (first + i) * kThreads;
+    const int row = w.row0 + u / kRowChunks;
+    raw[i] = make_uint4(0, 0, 0, 0);
+    if (first + i < Q::kPerThread && u < Q::kUnits && row < p.rows) {
+      const int j = row / p.num_heads, n = row % p.num_heads;
+      const int64_t offset = w.batch_index * p.q_stride_batch + j * p.q_stride_query +
+                             n * p.q_stride_head + (u % kRowChunks) * 8;
+      if (p.q_dtype == RuntimeDType::kFp8E4m3) {
+        const uint2 v =
+            __ldg(reinterpret_cast<const uint2*>(static_cast<const uint8_t*>(p.q) + offset));
+        raw[i] = make_uint4(v.x, v.y, 0, 0);
+      } else {
+        raw[i] = __ldg(reinterpret_cast<const uint4*>(static_cast<const uint16_t*>(p.q) + offset));
+      }
+    }
+  }
+}
+
+// Converts the units fetch_q_batch fetched to the MMA element type and stores them into `dst`
+// ([kBlockM][576] in the configuration's operand layout).
+template <class Cfg>
+__device__ __forceinline__ void store_q_batch(const DecodeKernelParams& p, int first,
+                                              const uint4 (&raw)[QTile<Cfg>::kBatch],
+                                              uint8_t* dst) {
+  using Q = QTile<Cfg>;
+  using Elem = typename Cfg::Element;
+#pragma unroll
+  for (int i = 0; i < Q::kBatch; ++i) {
+    const int u = static_cast<int>(threadIdx.x) + (first + i) * kThreads;
+    if (first + i >= Q::kPerThread || u >= Q::kUnits) continue;
+    uint4 value;
+    if (p.q_dtype == RuntimeDType::kFp8E4m3) {
+      value = make_uint4(Elem::from_e4m3x2(static_cast<uint16_t>(raw[i].x)),
+                         Elem::from_e4m3x2(static_cast<uint16_t>(raw[i].x >> 16)),
+                         Elem::from_e4m3x2(static_cast<uint16_t>(raw[i].y)),
+                         Elem::from_e4m3x2(static_cast<uint16_t>(raw[i].y >> 16)));
+    } else {
+      value = q16x8_as<Elem>(raw[i], p.q_dtype);
+    }
+    *reinterpret_cast<uint4*>(dst + Cfg::operand_offset(u / kRowChunks, u % kRowChunks)) = value;
+  }
+}
+
+// The q tile of f32 or unaligned q, unit by unit (a compact loop: these dtypes are rare, and
+// unrolled code executed once per segment costs instruction fetches).
+template <class Cfg>
+__device__ __forceinline__ void load_q_tile_slow(const DecodeKernelParams& p, const WorkItem& w,
+                                                 uint8_t* dst) {
+#pragma unroll 1
+  for (int u = threadIdx.x; u < QTile<Cfg>::kUnits; u += kThreads) {
+    const int r = u / kRowChunks, c = u % kRowChunks;
+    const int row = w.row0 + r;
+    uint4 v = make_uint4(0, 0, 0, 0);
+    if (row < p.rows) {
+      const int j = row / p.num_heads, n = row % p.num_heads;
+      v = load_q8<typename Cfg::Element>(
+          p, w.batch_index * p.q_stride_batch + j * p.q_stride_query + n * p.q_stride_head + c * 8);
+    }
+    *reinterpret_cast<uint4*>(dst + Cfg::operand_offset(r, c)) = v;
+  }
+}
+
+// The q tile into `dst` ([kBlockM][576], operand layout), zero past `rows`: kBatch units per
+// thread in flight at a time (docs/perf-notes.md, "the fixed cost of a segment").
 template <class Cfg>
 __device__ __forceinline__ void load_q_tile(const DecodeKernelParams& p, const WorkItem& w,
                                             uint8_t* dst) {
-  using Elem = typename Cfg::Element;
-  constexpr int kUnits = Cfg::kBlockM * kRowChunks;  // 8 elements (16 bytes converted) each
-  constexpr int kPerThread = (kUnits + kThreads - 1) / kThreads;
-  // Units in flight per thread: 6 x 16 bytes = 24 registers; 64 rows take 3 round trips.
-  constexpr int kQBatch = 6;
-  const bool aligned16 =
-      (p.q_dtype == RuntimeDType::kBF16 || p.q_dtype == RuntimeDType::kF16) && p.q_rows_16b_aligned;
-  auto unit_offset = [&](int u, bool& present) {
-    const int r = u / kRowChunks, c = u % kRowChunks;
-    const int row = w.row0 + r;
-    present = u < kUnits && row < p.rows;
-    const int j = row / p.num_heads, n = row % p.num_heads;
-    return w.batch_index * p.q_stride_batch + j * p.q_stride_query + n * p.q_stride_head + c * 8;
-  };
-#pragma unroll
-  for (int first = 0; first < kPerThread; first += kQBatch) {
-    uint4 v[kQBatch];
-#pragma unroll
-    for (int i = 0; i < kQBatch; ++i) {
-      const int u = static_cast<int>(threadIdx.x) + (first + i) * kThreads;
-      bool present = false;
-      const int64_t offset = unit_offset(u, present);
-      v[i] = make_uint4(0, 0, 0, 0);
-      if (first + i < kPerThread && present) {
-        v[i] =
-            aligned16
-                ? __ldg(reinterpret_cast<const uint4*>(static_cast<const uint16_t*>(p.q) + offset))
-                : load_q8<Elem>(p, offset);
-      }
-    }
-#pragma unroll
-    for (int i = 0; i < kQBatch; ++i) {
-      const int u = static_cast<int>(threadIdx.x) + (first + i) * kThreads;
-      if (first + i >= kPerThread || u >= kUnits) continue;
-      const uint4 value = aligned16 ? q16x8_as<Elem>(v[i], p.q_dtype) : v[i];
-      *reinterpret_cast<uint4*>(dst + Cfg::operand_offset(u / kRowChunks, u % kRowChunks)) = value;
-    }
+  using Q = QTile<Cfg>;
+  if (!q_fetchable(p)) {
+    load_q_tile_slow<Cfg>(p, w, dst);
+    return;
+  }
+#pragma unroll 1
+  for (int first = 0; first < Q::kPerThread; first += Q::kBatch) {
+    uint4 raw[Q::kBatch];
+    fetch_q_batch<Cfg>(p, w, first, raw);
+    store_q_batch<Cfg>(p, first, raw, dst);
+  }
+}
+
+// ---- output stores
+// -------------------------------------------------------------------------------
+
+// Runs fn(store) with store(base, offset, x, y) writing the pair (x, y) at element `offset` of
+// `base` in `dtype`, so that an unrolled loop over a row's pairs has no per-pair dtype switch (a
+// row's epilogue runs once per segment, and its executed instructions cost fetches).
+template <class Fn>
+__device__ __forceinline__ void with_pair_store(RuntimeDType dtype, Fn&& fn) {
+  switch (dtype) {
+    case RuntimeDType::kF32:
+      fn([](void* base, int64_t offset, float x, float y) {
+        *reinterpret_cast<float2*>(static_cast<float*>(base) + offset) = make_float2(x, y);
+      });
+      break;
+    case RuntimeDType::kBF16:
+      fn([](void* base, int64_t offset, float x, float y) {
+        *reinterpret_cast<__nv_bfloat162*>(static_cast<__nv_bfloat16*>(base) + offset) =
+            __floats2bfloat162_rn(x, y);
+      });
+      break;
+    default:
+      fn([](void* base, int64_t offset, float x, float y) {
+        *reinterpret_cast<__half2*>(static_cast<__half*>(base) + offset) = __floats2half2_rn(x, y);
+      });
+      break;
   }
 }
 
@@ -297,22 +381,6 @@ __device__ __forceinline__ float fold_tile_max(const float* parts, int row, floa
 
 // ---- output rows
 // ----------------------------------------------------------------------------------
-
-__device__ __forceinline__ void store_pair(void* base, int64_t offset, RuntimeDType dtype, float x,
-                                           float y) {
-  switch (dtype) {
-    case RuntimeDType::kF32:
-      *reinterpret_cast<float2*>(static_cast<float*>(base) + offset) = make_float2(x, y);
-      break;
-    case RuntimeDType::kBF16:
-      *reinterpret_cast<__nv_bfloat162*>(static_cast<__nv_bfloat16*>(base) + offset) =
-          __floats2bfloat162_rn(x, y);
-      break;
-    default:
-      *reinterpret_cast<__half2*>(static_cast<__half*>(base) + offset) = __floats2half2_rn(x, y);
-      break;
-  }
-}
 
 // True for every thread of the CTA when any of them met a bad seq_len or block id (a barrier);
 // one thread then records it in the device error word.

@@ -313,11 +313,13 @@ __device__ __forceinline__ void decode_segment_wgmma(const DecodeKernelParams& p
     const RowSink sink = finish_row(p, w, row, row_sum[local_row[h]], row_max[local_row[h]], bad,
                                     scorer && quad_leader);
     if (sink.base == nullptr) continue;
-    CUTE_UNROLL
-    for (int j = 0; j < size<1>(o); j += 2) {
-      store_pair(sink.base, sink.offset + get<1>(o_coord(h, j)), sink.dtype, o(h, j) * sink.inv,
-                 o(h, j + 1) * sink.inv);
-    }
+    with_pair_store(sink.dtype, [&](auto store) {
+      CUTE_UNROLL
+      for (int j = 0; j < size<1>(o); j += 2) {
+        store(sink.base, sink.offset + get<1>(o_coord(h, j)), o(h, j) * sink.inv,
+              o(h, j + 1) * sink.inv);
+      }
+    });
   }
 }
 
