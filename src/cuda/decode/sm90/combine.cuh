@@ -12,14 +12,25 @@
 
 namespace mlakit::cuda::decode_sm90 {
 
-// One CTA per (split request, row): two groups of 128 threads, each thread one float4 of the 512
-// columns, the groups taking even and odd segments, so that a row with many segments (B = 1, 66
-// parts) keeps 256 independent 16-byte loads in flight per step instead of walking them serially.
+// One CTA per (split request, row, column slice): a row's 512 columns are cut into
+// CombineParams::column_slices slices S (1, 2 or 4) of 128 / S float4s; the 256 threads are 2 S
+// segment groups of 128 / S threads, each thread one float4 column, group g taking segments g, g +
+// 2 S, ... So a row with many segments (B = 1, 64 one-tile segments) keeps 256 independent 16-byte
+// loads in flight per CTA and step, and when the split rows are few (B = 1: 128 rows) S = 4 puts
+// four times as many CTAs on the SMs.
 inline constexpr int kCombineThreads = 256;
-inline constexpr int kCombineGroups = 2;
+inline constexpr int kMaxCombineSlices = 4;
+// Column slices for `row_ctas` (split request, row) CTAs beside a decode of `decode_ctas` CTAs (one
+// per SM it uses): the most slices that keep the grid within one wave of 8 combine CTAs per such
+// SM (2048 threads per SM / 256), so slicing adds parallelism, never waves.
+inline int combine_column_slices(int64_t row_ctas, int64_t decode_ctas) {
+  int slices = kMaxCombineSlices;
+  while (slices > 1 && row_ctas * slices > 8 * decode_ctas) slices /= 2;
+  return slices;
+}
 
-// Launches the combine over grid.x = max_split_requests x rows CTAs (those past the plan's count
-// return at once); the launcher checks for errors.
+// Launches the combine over grid.x = max_split_requests x rows x column_slices CTAs (those past the
+// plan's count of split requests return at once).
 void launch_combine_kernel(const CombineParams& params, dim3 grid, cudaStream_t stream);
 
 }  // namespace mlakit::cuda::decode_sm90

@@ -15,9 +15,7 @@
 namespace mlakit::cuda::decode_sm90 {
 
 inline constexpr int kCombineCols = 512;  // V width
-inline constexpr int kGroupThreads =
-    kCombineThreads / kCombineGroups;  // 128 threads x float4 = 512
-static_assert(kGroupThreads * 4 == kCombineCols, "a group's float4s cover one row");
+static_assert(kCombineThreads * 4 == 2 * kCombineCols, "one slice: 2 S groups x 128 / S float4s");
 static_assert(kMaxRequestSegments <= kCombineThreads, "one thread reads each segment's LSE");
 
 __device__ __forceinline__ void store4_converted(void* base, int64_t offset, RuntimeDType dtype,
@@ -62,13 +60,16 @@ __global__ void __launch_bounds__(kCombineThreads)
     mla_decode_combine_kernel(const __grid_constant__ CombineParams p) {
   __shared__ float weight[kCombineThreads];  // w_k of segment k
   __shared__ float scratch[kCombineThreads / 32];
-  __shared__ float4 partial_sum[kGroupThreads];  // group 1's sums, added by group 0
+  // Groups 1 .. 2 S - 1's sums, added by group 0: (2 S - 1) x 128 / S < 256 float4s.
+  __shared__ float4 partial_sum[kCombineThreads];
 
   wait_for_prior_grids();
   allow_next_grid_launch();
   const int t = threadIdx.x;
-  const int split = static_cast<int>(blockIdx.x / p.rows);
-  const int row = static_cast<int>(blockIdx.x % p.rows);
+  const int slices = p.column_slices;
+  const int slice = static_cast<int>(blockIdx.x % slices);
+  const int split = static_cast<int>(blockIdx.x / slices / p.rows);
+  const int row = static_cast<int>(blockIdx.x / slices % p.rows);
   if (split >= *p.num_split_requests) return;  // the grid is sized for the most split requests
   // One 16-byte load of the record {request, first_slot, num_segments, -} (work_plan.hpp).
   const int4 record = *reinterpret_cast<const int4*>(p.splits + split);
@@ -84,32 +85,40 @@ __global__ void __launch_bounds__(kCombineThreads)
   weight[t] = w;
   const float total = block_reduce(w, /*is_max=*/false, scratch);  // its barrier publishes weight
 
-  const int group = t / kGroupThreads, c = t % kGroupThreads;
+  const int width = kCombineCols / 4 / slices;  // float4 columns per thread group
+  const int groups = 2 * slices;
+  const int group = t / width, c = t % width;
+  const int column = slice * width + c;  // this thread's float4 of the row
   float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
 #pragma unroll 8
-  for (int k = group; k < num_segments; k += kCombineGroups) {
+  for (int k = group; k < num_segments; k += groups) {
     const float wk = weight[k];
     if (wk != 0.0f) {  // -inf segments were not written
       const float4 v = reinterpret_cast<const float4*>(
-          p.partial_out + (first + static_cast<int64_t>(k) * p.rows) * kCombineCols)[c];
+          p.partial_out + (first + static_cast<int64_t>(k) * p.rows) * kCombineCols)[column];
       acc.x += wk * v.x;
       acc.y += wk * v.y;
       acc.z += wk * v.z;
       acc.w += wk * v.w;
     }
   }
-  if (group == 1) partial_sum[c] = acc;
+  if (group > 0) partial_sum[(group - 1) * width + c] = acc;
   __syncthreads();
   if (group != 0) return;
-  const float4 other = partial_sum[c];
+  for (int g = 1; g < groups; ++g) {  // in group order: the sums' order is fixed
+    const float4 other = partial_sum[(g - 1) * width + c];
+    acc.x += other.x;
+    acc.y += other.y;
+    acc.z += other.z;
+    acc.w += other.w;
+  }
   const float inv = nan ? NAN : (total > 0.0f ? 1.0f / total : 0.0f);
-  const float4 v = make_float4((acc.x + other.x) * inv, (acc.y + other.y) * inv,
-                               (acc.z + other.z) * inv, (acc.w + other.w) * inv);
+  const float4 v = make_float4(acc.x * inv, acc.y * inv, acc.z * inv, acc.w * inv);
   const int j = row / p.num_heads, n = row % p.num_heads;
-  store4_converted(p.out,
-                   b * p.out_stride_batch + j * p.out_stride_query + n * p.out_stride_head + 4 * c,
-                   p.out_dtype, v);
-  if (t == 0) {
+  store4_converted(
+      p.out, b * p.out_stride_batch + j * p.out_stride_query + n * p.out_stride_head + 4 * column,
+      p.out_dtype, v);
+  if (t == 0 && slice == 0) {
     p.lse[b * p.lse_stride_batch + j * p.lse_stride_query + n * p.lse_stride_head] =
         nan ? NAN : (total > 0.0f ? m + logf(total) : -INFINITY);
   }

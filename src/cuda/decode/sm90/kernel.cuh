@@ -203,7 +203,9 @@ __device__ __forceinline__ void decode_segment(const DecodeKernelParams& p, cons
     score_row[h] = row_group * 16 + g + 8 * h;
     const int row = w.row0 + score_row[h];
     row_end[h] =
-        row < p.rows ? min(w.key_end, visible_end(w.seq_len, p.s_q, row / p.num_heads)) : w.key_end;
+        row < p.rows
+            ? min(w.key_end, visible_end(w.seq_len, p.s_q, fast_divmod(row, p.heads_div).quotient))
+            : w.key_end;
   }
 
   float o[Cfg::kRowTiles][Cfg::kColTiles][4];

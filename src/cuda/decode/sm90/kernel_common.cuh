@@ -38,9 +38,8 @@ struct CtaWork {
 
 template <class Cfg>
 __device__ __forceinline__ CtaWork cta_work(const DecodeKernelParams& p) {
-  const int cta = static_cast<int>(blockIdx.x);
-  const int part = cta / p.row_tiles;
-  return {(cta % p.row_tiles) * Cfg::kBlockM, p.part_begin[part], p.part_begin[part + 1]};
+  const DivMod cta = fast_divmod(static_cast<int>(blockIdx.x), p.row_tiles_div);  // (part, tile)
+  return {cta.remainder * Cfg::kBlockM, p.part_begin[cta.quotient], p.part_begin[cta.quotient + 1]};
 }
 
 // The keys one CTA works on in one segment and its place in the batch.
@@ -72,7 +71,8 @@ __device__ __forceinline__ WorkItem make_work_item(const DecodeKernelParams& p, 
   w.key_begin = min(record.y, w.seq_len);
   w.key_end = min(record.z, w.seq_len);
   const int last_row = min(w.row0 + Cfg::kBlockM, p.rows) - 1;
-  w.cta_end = min(w.key_end, visible_end(w.seq_len, p.s_q, last_row / p.num_heads));
+  w.cta_end =
+      min(w.key_end, visible_end(w.seq_len, p.s_q, fast_divmod(last_row, p.heads_div).quotient));
   w.num_tiles = w.cta_end > w.key_begin ? (w.cta_end - w.key_begin + kBlockN - 1) / kBlockN : 0;
   return w;
 }
@@ -160,9 +160,9 @@ __device__ __forceinline__ void fetch_q_batch(const DecodeKernelParams& p, const
     const int row = w.row0 + u / kRowChunks;
     raw[i] = make_uint4(0, 0, 0, 0);
     if (first + i < Q::kPerThread && u < Q::kUnits && row < p.rows) {
-      const int j = row / p.num_heads, n = row % p.num_heads;
-      const int64_t offset = w.batch_index * p.q_stride_batch + j * p.q_stride_query +
-                             n * p.q_stride_head + (u % kRowChunks) * 8;
+      const DivMod jn = fast_divmod(row, p.heads_div);  // (query, head)
+      const int64_t offset = w.batch_index * p.q_stride_batch + jn.quotient * p.q_stride_query +
+                             jn.remainder * p.q_stride_head + (u % kRowChunks) * 8;
       if (p.q_dtype == RuntimeDType::kFp8E4m3) {
         const uint2 v =
             __ldg(reinterpret_cast<const uint2*>(static_cast<const uint8_t*>(p.q) + offset));
@@ -210,9 +210,10 @@ __device__ __forceinline__ void load_q_tile_slow(const DecodeKernelParams& p, co
     const int row = w.row0 + r;
     uint4 v = make_uint4(0, 0, 0, 0);
     if (row < p.rows) {
-      const int j = row / p.num_heads, n = row % p.num_heads;
-      v = load_q8<typename Cfg::Element>(
-          p, w.batch_index * p.q_stride_batch + j * p.q_stride_query + n * p.q_stride_head + c * 8);
+      const DivMod jn = fast_divmod(row, p.heads_div);  // (query, head)
+      v = load_q8<typename Cfg::Element>(p, w.batch_index * p.q_stride_batch +
+                                                jn.quotient * p.q_stride_query +
+                                                jn.remainder * p.q_stride_head + c * 8);
     }
     *reinterpret_cast<uint4*>(dst + Cfg::operand_offset(r, c)) = v;
   }
@@ -278,9 +279,11 @@ __device__ __forceinline__ void lookup_pages(const DecodeKernelParams& p, const 
 #pragma unroll
   for (int pass = 0; pass < Cfg::kLoadPasses; ++pass) {
     const int pos = w.key_begin + tile * kBlockN + key_of_pass<Cfg>(pass);
-    pages[pass] = pos < w.cta_end ? p.block_table[w.batch_index * p.block_table_stride_batch +
-                                                  (pos / p.block_size) * p.block_table_stride_col]
-                                  : -1;
+    pages[pass] =
+        pos < w.cta_end
+            ? p.block_table[w.batch_index * p.block_table_stride_batch +
+                            fast_divmod(pos, p.block_size_div).quotient * p.block_table_stride_col]
+            : -1;
   }
 }
 
@@ -313,9 +316,10 @@ __device__ __forceinline__ void copy_tile(const DecodeKernelParams& p, const Wor
       bad = true;
       valid = false;
     }
-    const uint8_t* src = valid ? p.cache + page * p.cache_stride_block_bytes +
-                                     (pos % p.block_size) * p.cache_stride_slot_bytes
-                               : p.cache;
+    const uint8_t* src =
+        valid ? p.cache + page * p.cache_stride_block_bytes +
+                    fast_divmod(pos, p.block_size_div).remainder * p.cache_stride_slot_bytes
+              : p.cache;
 #pragma unroll
     for (int step = 0; step < Cfg::kChunkSteps; ++step) {
       const int c = lane_chunk + step * Cfg::kThreadsPerKey;
@@ -414,7 +418,8 @@ __device__ __forceinline__ RowSink finish_row(const DecodeKernelParams& p, const
     lse = -INFINITY;
   }
   const bool direct = w.slot < 0;
-  const int j = row / p.num_heads, n = row % p.num_heads;
+  const DivMod jn = fast_divmod(row, p.heads_div);  // (query, head)
+  const int j = jn.quotient, n = jn.remainder;
   const int64_t partial_row = static_cast<int64_t>(w.slot) * p.rows + row;
   if (write_lse) {
     if (direct) {

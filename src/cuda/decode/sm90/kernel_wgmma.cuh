@@ -169,10 +169,10 @@ __device__ __forceinline__ void decode_segment_wgmma(const DecodeKernelParams& p
   auto lookup_tile_pages = [&](int tile) {
     for (int i = 0; i < boxes; ++i) {
       const int pos = w.key_begin + tile * kBlockN + i * box_slots;
-      next_pages[i] = pos < w.cta_end
-                          ? p.block_table[w.batch_index * p.block_table_stride_batch +
-                                          (pos / p.block_size) * p.block_table_stride_col]
-                          : -1;
+      next_pages[i] = pos < w.cta_end ? p.block_table[w.batch_index * p.block_table_stride_batch +
+                                                      fast_divmod(pos, p.block_size_div).quotient *
+                                                          p.block_table_stride_col]
+                                      : -1;
     }
   };
   // Producer: announces tile `tile`'s bytes on its stage's mbarrier and issues its boxes, then
@@ -196,7 +196,8 @@ __device__ __forceinline__ void decode_segment_wgmma(const DecodeKernelParams& p
     mbarrier_arrive_expect_tx(mbar, bytes);
     for (int i = 0; i < boxes; ++i) {
       if (next_pages[i] < 0) continue;
-      const int slot = (w.key_begin + tile * kBlockN + i * box_slots) % p.block_size;
+      const int slot =
+          fast_divmod(w.key_begin + tile * kBlockN + i * box_slots, p.block_size_div).remainder;
 #pragma unroll
       for (int b = 0; b < kRowBytes / kSwizzleBytes; ++b) {
         tma_load_3d(dst + b * kBlockN * kSwizzleBytes + i * box_slots * kSwizzleBytes, &cache_map,
@@ -231,8 +232,10 @@ __device__ __forceinline__ void decode_segment_wgmma(const DecodeKernelParams& p
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       const int row = w.row0 + local_row[h];
-      row_end[h] = row < p.rows ? min(w.key_end, visible_end(w.seq_len, p.s_q, row / p.num_heads))
-                                : w.key_end;
+      row_end[h] = row < p.rows
+                       ? min(w.key_end,
+                             visible_end(w.seq_len, p.s_q, fast_divmod(row, p.heads_div).quotient))
+                       : w.key_end;
     }
 
     for (int t = 0; t < w.num_tiles; ++t) {

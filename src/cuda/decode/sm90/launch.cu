@@ -155,6 +155,9 @@ DecodeKernelParams make_params(const DecodeProblem& pr, const DecodeSchedule& sc
   k.row_tiles = static_cast<int32_t>((k.rows + decode_rows_per_cta(k.rows) - 1) /
                                      decode_rows_per_cta(k.rows));
   k.num_parts = static_cast<int32_t>(schedule.device.num_parts);
+  k.heads_div = make_fast_divisor(static_cast<uint32_t>(k.num_heads));
+  k.block_size_div = make_fast_divisor(static_cast<uint32_t>(k.block_size));
+  k.row_tiles_div = make_fast_divisor(static_cast<uint32_t>(k.row_tiles));
 
   constexpr float kLog2e = 1.4426950408889634f;
   k.score_scale_log2 = pr.score_scale * kLog2e;
@@ -263,7 +266,12 @@ LaunchPlan plan_launch(const DecodeProblem& problem, const DecodeSchedule& sched
     c.lse_stride_head = k.lse_stride_head;
     c.num_heads = k.num_heads;
     c.rows = k.rows;
-    plan.combine_ctas = sizes.bounds.max_split_requests * rows;  // one CTA per (request, row)
+    const int64_t row_ctas = sizes.bounds.max_split_requests * rows;  // (request, row) pairs
+    // Batch-invariant: one slice whatever the batch, so the order of a row's sums is fixed (the
+    // slice count decides which segments each thread adds).
+    c.column_slices =
+        schedule.device.batch_invariant ? 1 : combine_column_slices(row_ctas, plan.decode_ctas);
+    plan.combine_ctas = row_ctas * c.column_slices;
   }
   return plan;
 }

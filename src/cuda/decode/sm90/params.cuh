@@ -4,6 +4,7 @@
 
 #include <cstdint>
 
+#include "cuda/common/fast_divisor.hpp"
 #include "cuda/decode/work_plan.hpp"
 
 namespace mlakit::cuda::decode_sm90 {
@@ -57,6 +58,9 @@ struct DecodeKernelParams {
   int32_t rows;       // s_q * num_heads: query rows per request
   int32_t row_tiles;  // ceil(rows / kBlockM): CTAs per part
   int32_t num_parts;  // P: the grid is num_parts x row_tiles CTAs
+  // Divisions by num_heads, block_size and row_tiles (row -> (query, head), position -> (page
+  // column, slot), CTA -> (part, row tile)) without a division sequence (fast_divisor.hpp).
+  FastDivisor heads_div, block_size_div, row_tiles_div;
 
   float score_scale_log2;  // softmax scale * q_scale (fp8 q) * k_scale (fp8_e4m3) * log2(e)
   float value_scale;       // k_scale for fp8_e4m3 caches, else 1
@@ -78,6 +82,7 @@ struct CombineParams {
   int64_t lse_stride_batch, lse_stride_query, lse_stride_head;
   int32_t num_heads;
   int32_t rows;
+  int32_t column_slices;  // 1, 2 or 4 (combine.cuh): grid.x = max_split_requests x rows x slices
 };
 
 // The plan kernel (plan_kernel.cuh): reads seq_lens, writes the work plan into the workspace.
