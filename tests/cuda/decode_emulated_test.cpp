@@ -680,7 +680,7 @@ TEST(MlaDecodeEmulated, Bf16SixteenRows) {
 // The combine's column slices (combine.cuh): few split rows beside the decode's CTAs take 4 or 2
 // slices, many take 1; one request cut over 16 parts with 16 rows (4 slices) and 128 rows (2).
 TEST(MlaDecodeEmulated, CombineColumnSlices) {
-  using cuda::decode_sm90::combine_column_slices;
+  using sm90::combine_column_slices;
   EXPECT_EQ(combine_column_slices(16, 16), 4);     // B 1, 16 rows, 16 parts
   EXPECT_EQ(combine_column_slices(128, 32), 2);    // B 1, 128 rows (2 row tiles), 16 parts
   EXPECT_EQ(combine_column_slices(128, 132), 4);   // B 1, 128 rows, 66 parts x 2 row tiles
