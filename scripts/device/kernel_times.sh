@@ -22,16 +22,18 @@ for shape in "${shapes[@]}"; do
     --launch-count 9 --metrics gpu__time_duration.sum,launch__grid_size --csv \
     .devbin/bin/bench_gpu_decode --only "$shape" > "$OUT/ncu_times.csv" 2>&1
   echo "== $shape" | tee -a "$OUT/kernel_times.txt"
-  grep -v '^==' "$OUT/ncu_times.csv" | python3 -c '
+  python3 - "$OUT/ncu_times.csv" <<'PY' | tee -a "$OUT/kernel_times.txt"
 import csv, sys
-rows = list(csv.reader(sys.stdin))
-head = rows[0] if rows else []
-if "Kernel Name" not in head:
-    print("".join(",".join(r) + "\n" for r in rows[-20:])); sys.exit()
-k, m, v = head.index("Kernel Name"), head.index("Metric Name"), head.index("Metric Value")
-for r in rows[1:]:
-    if len(r) > v:
-        print(f"{r[k][:40]:40s} {r[m]:28s} {r[v]}")
-' | tee -a "$OUT/kernel_times.txt"
+rows = list(csv.reader(open(sys.argv[1])))
+start = next((i for i, r in enumerate(rows) if "Kernel Name" in r), None)
+if start is None:
+    print("".join(",".join(r) + "\n" for r in rows[-20:]))
+    sys.exit()
+head = rows[start]
+k, m, u, v = (head.index(x) for x in ("Kernel Name", "Metric Name", "Metric Unit", "Metric Value"))
+for r in rows[start + 1:]:
+    if len(r) > v and r[m] == "gpu__time_duration.sum":
+        print(f"{r[k][:60]:60s} {r[v]} {r[u]}")
+PY
   grep -E "^B[0-9]" "$OUT/ncu_times.csv" | tee -a "$OUT/kernel_times.txt"
 done
