@@ -23,8 +23,10 @@ struct FastDivisor {
   uint32_t shift2 = 0;      // max(l - 1, 0)
 };
 
-// `d` in [1, 2^31] (the callers pass positive int32 values).
+// `d` in [1, 2^31] (the callers pass positive int32 values); 0, the size of an empty dimension
+// nothing is divided by, gives the divisor 1 instead of a division by zero here.
 inline FastDivisor make_fast_divisor(uint32_t d) {
+  if (d == 0) d = 1;
   uint32_t l = 0;
   while ((uint64_t{1} << l) < d) ++l;
   const uint64_t m = (((uint64_t{1} << l) - d) << 32) / d + 1;
