@@ -129,6 +129,22 @@ struct SegmentRange {
   int64_t tile_end;
 };
 
+// Balanced mode: the part holding the first tile of a request with tiles that starts at unit
+// `start`; segment k of the request is in part first_tile_part + k.
+MLAKIT_HOST_DEVICE constexpr int64_t first_tile_part(int64_t start, int64_t share) {
+  return (start + kSegmentCostTiles) / share;
+}
+// Balanced mode: segment k of a request with tiles > 0 whose first tile is in part `first_part`
+// (first_tile_part): multiplications only, so a loop over a request's segments divides once.
+MLAKIT_HOST_DEVICE constexpr SegmentRange balanced_segment(int64_t start, int64_t tiles,
+                                                           int64_t share, int64_t first_part,
+                                                           int64_t k) {
+  const int64_t first_tile_unit = start + kSegmentCostTiles;
+  const int64_t part = first_part + k;
+  return {part, max_i64(0, part * share - first_tile_unit),
+          min_i64(tiles, (part + 1) * share - first_tile_unit)};
+}
+
 // Segment k (< request_segment_count) of that request.
 MLAKIT_HOST_DEVICE constexpr SegmentRange request_segment(bool batch_invariant, int64_t start,
                                                           int64_t tiles, int64_t share, int64_t k) {
@@ -140,10 +156,7 @@ MLAKIT_HOST_DEVICE constexpr SegmentRange request_segment(bool batch_invariant, 
     return {middle / share, begin, end};
   }
   if (tiles == 0) return {(start + kSegmentCostTiles - 1) / share, 0, 0};
-  const int64_t first_tile_unit = start + kSegmentCostTiles;
-  const int64_t part = first_tile_unit / share + k;
-  return {part, max_i64(0, part * share - first_tile_unit),
-          min_i64(tiles, (part + 1) * share - first_tile_unit)};
+  return balanced_segment(start, tiles, share, first_tile_part(start, share), k);
 }
 
 // ---- bounds of a plan, from the shape only ----------------------------------------------------
