@@ -678,14 +678,15 @@ TEST(MlaDecodeEmulated, Bf16SixteenRows) {
 }
 
 // The combine's column slices (combine.cuh): few split rows beside the decode's CTAs take 4 or 2
-// slices, many take 1; one request cut over 16 parts with 16 rows (4 slices) and 128 rows (2).
+// slices, many take 1; one request cut over 16 parts with 16 rows (4 slices) and over 32 parts with
+// 128 rows (2).
 TEST(MlaDecodeEmulated, CombineColumnSlices) {
   using sm90::combine_column_slices;
   EXPECT_EQ(combine_column_slices(16, 16), 4);     // B 1, 16 rows, 16 parts
-  EXPECT_EQ(combine_column_slices(128, 32), 2);    // B 1, 128 rows (2 row tiles), 16 parts
+  EXPECT_EQ(combine_column_slices(128, 64), 2);    // B 1, 128 rows (2 row tiles), 32 parts
   EXPECT_EQ(combine_column_slices(128, 132), 4);   // B 1, 128 rows, 66 parts x 2 row tiles
   EXPECT_EQ(combine_column_slices(8320, 132), 1);  // B 128 varied lengths, 128 rows
-  EXPECT_EQ(combine_column_slices(512, 132), 2);   // B 32, 16 rows, 132 parts
+  EXPECT_EQ(combine_column_slices(512, 132), 1);   // B 32, 16 rows, 132 parts
   Case c;
   c.seq_lens = {900};
   check_case(c, 1100, balanced({16}));
@@ -693,7 +694,7 @@ TEST(MlaDecodeEmulated, CombineColumnSlices) {
   d.seq_lens = {900};
   d.heads = 128;
   d.out_dtype = DType::kF16;
-  check_case(d, 1101, balanced({16}));
+  check_case(d, 1101, balanced({32}));
 }
 
 // 64-row CTAs: s_q 4 x 16 heads, bottom-right causal across segment boundaries.
