@@ -456,8 +456,11 @@ uint32_t emulate(const DecodeProblem& problem, const DecodeSchedule& schedule) {
       run_decode_format<sm90::CacheFormat::kFp8DsMla>(plan);
       break;
   }
-  if (plan.combine_ctas > 0)
-    run_grid(sm90::mla_decode_combine_kernel, plan.combine, plan.combine_ctas);
+  if (plan.combine_ctas > 0) {
+    run_grid(plan.combine_by_warps ? sm90::mla_decode_combine_warp_kernel
+                                   : sm90::mla_decode_combine_kernel,
+             plan.combine, plan.combine_ctas);
+  }
   return error_word;
 }
 
@@ -695,6 +698,26 @@ TEST(MlaDecodeEmulated, CombineColumnSlices) {
   d.heads = 128;
   d.out_dtype = DType::kF16;
   check_case(d, 1101, balanced({32}));
+}
+
+// The combine with a warp per row (combine.cuh): chosen when the split rows outnumber 4 combine
+// CTAs per decode CTA, never in batch-invariant mode; cut requests with 16 and 128 rows over few
+// parts merge through it (and the batch-invariant schedules of the same cases through the CTA
+// shape).
+TEST(MlaDecodeEmulated, CombineByWarps) {
+  using sm90::combine_by_warps;
+  EXPECT_TRUE(combine_by_warps(8320, 132, false));  // B 128 varied lengths, 128 rows
+  EXPECT_FALSE(combine_by_warps(8320, 132, true));
+  EXPECT_FALSE(combine_by_warps(512, 132, false));  // B 32, 16 rows, 132 parts
+  EXPECT_TRUE(combine_by_warps(1024, 132, false));  // B 64, 16 rows, 132 parts
+  Case c;
+  c.seq_lens = {300, 700, 1000, 5};
+  check_case(c, 1200, {{2, false, 0}, {3, false, 0}, {2, true, 0}});
+  Case d;
+  d.seq_lens = {640, 70, 900};
+  d.heads = 128;
+  d.out_dtype = DType::kBF16;
+  check_case(d, 1201, {{2, false, 0}, {2, true, 0}});
 }
 
 // 64-row CTAs: s_q 4 x 16 heads, bottom-right causal across segment boundaries.

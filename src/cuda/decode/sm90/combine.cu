@@ -6,9 +6,16 @@
 
 namespace mlakit::cuda::decode_sm90 {
 
-void launch_combine_kernel(const CombineParams& params, dim3 grid, cudaStream_t stream) {
-  launch_kernel_overlapped("mla_decode", "mla_decode_combine_kernel", &mla_decode_combine_kernel,
-                           grid, dim3(kCombineThreads), 0, stream, params);
+void launch_combine_kernel(const CombineParams& params, bool by_warps, dim3 grid,
+                           cudaStream_t stream) {
+  if (by_warps) {
+    launch_kernel_overlapped("mla_decode", "mla_decode_combine_warp_kernel",
+                             &mla_decode_combine_warp_kernel, grid, dim3(kCombineThreads), 0,
+                             stream, params);
+  } else {
+    launch_kernel_overlapped("mla_decode", "mla_decode_combine_kernel", &mla_decode_combine_kernel,
+                             grid, dim3(kCombineThreads), 0, stream, params);
+  }
 }
 
 }  // namespace mlakit::cuda::decode_sm90

@@ -31,8 +31,21 @@ inline int combine_column_slices(int64_t row_ctas, int64_t decode_ctas) {
   return slices;
 }
 
-// Launches the combine over grid.x = max_split_requests x rows x column_slices CTAs (those past the
-// plan's count of split requests return at once).
-void launch_combine_kernel(const CombineParams& params, dim3 grid, cudaStream_t stream);
+// Many split rows (B128 with varied lengths and h_q 128: ~8,000), each with a few segments (a cut
+// request has 2-3): a CTA per row would leave most of its 256 threads idle and run the grid in
+// waves, so one warp merges one row instead (kCombineWarpRows rows per CTA; lane i holds float4
+// columns i + 32 j). Chosen when the rows exceed 4 combine CTAs per decode CTA, outside
+// batch-invariant mode (the two shapes add a row's segments in different orders).
+inline constexpr int kCombineWarpRows = kCombineThreads / 32;
+inline bool combine_by_warps(int64_t row_ctas, int64_t decode_ctas, bool batch_invariant) {
+  return !batch_invariant && row_ctas > 4 * decode_ctas;
+}
+
+// Launches the combine: a CTA per (split request, row, column slice), grid.x = max_split_requests
+// x rows x column_slices, or with `by_warps` a warp per (split request, row), grid.x =
+// ceil(max_split_requests x rows / kCombineWarpRows); rows past the plan's count of split requests
+// return at once.
+void launch_combine_kernel(const CombineParams& params, bool by_warps, dim3 grid,
+                           cudaStream_t stream);
 
 }  // namespace mlakit::cuda::decode_sm90

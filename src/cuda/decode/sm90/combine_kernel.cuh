@@ -124,4 +124,70 @@ __global__ void __launch_bounds__(kCombineThreads)
   }
 }
 
+// A warp per (split request, row) (combine.cuh, combine_by_warps): lane i reads the LSEs of
+// segments i, i + 32, ... for the row's max and NaN flag; then every lane walks the segments in
+// order, recomputing each weight from its LSE (one address for the warp), and accumulates its four
+// float4 columns i + 32 j. Same result rules as mla_decode_combine_kernel.
+__global__ void __launch_bounds__(kCombineThreads)
+    mla_decode_combine_warp_kernel(const __grid_constant__ CombineParams p) {
+  constexpr int kColumnsPerLane = kCombineCols / 4 / 32;  // float4 columns per lane
+  wait_for_prior_grids();
+  allow_next_grid_launch();
+  const int lane = static_cast<int>(threadIdx.x) & 31;
+  const int64_t item = static_cast<int64_t>(blockIdx.x) * kCombineWarpRows + threadIdx.x / 32;
+  const int split = static_cast<int>(item / p.rows), row = static_cast<int>(item % p.rows);
+  if (split >= *p.num_split_requests) return;  // a whole warp: the shuffles below stay full
+  const int4 record = *reinterpret_cast<const int4*>(p.splits + split);
+  const int b = record.x, num_segments = record.z;
+  const int64_t first = static_cast<int64_t>(record.y) * p.rows + row;
+  auto lse_of = [&](int k) { return p.partial_lse[first + static_cast<int64_t>(k) * p.rows]; };
+
+  float m = -INFINITY, any_nan = 0.0f;
+  for (int k = lane; k < num_segments; k += 32) {
+    const float l = lse_of(k);
+    if (isnan(l)) any_nan = 1.0f;
+    m = fmaxf(m, l);
+  }
+#pragma unroll
+  for (int offset = 16; offset > 0; offset >>= 1) {
+    m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, offset));
+    any_nan = fmaxf(any_nan, __shfl_xor_sync(0xffffffffu, any_nan, offset));
+  }
+  const bool nan = any_nan != 0.0f;
+
+  float total = 0.0f;
+  float4 acc[kColumnsPerLane];
+#pragma unroll
+  for (int j = 0; j < kColumnsPerLane; ++j) acc[j] = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll 2
+  for (int k = 0; k < num_segments; ++k) {
+    const float l = lse_of(k);
+    const float w = (l == -INFINITY || m == -INFINITY || nan) ? 0.0f : expf(l - m);
+    if (w == 0.0f) continue;  // -inf segments were not written; the same for every lane
+    total += w;
+    const float4* v = reinterpret_cast<const float4*>(
+        p.partial_out + (first + static_cast<int64_t>(k) * p.rows) * kCombineCols);
+#pragma unroll
+    for (int j = 0; j < kColumnsPerLane; ++j) {
+      const float4 x = v[lane + 32 * j];
+      acc[j].x += w * x.x;
+      acc[j].y += w * x.y;
+      acc[j].z += w * x.z;
+      acc[j].w += w * x.w;
+    }
+  }
+  const float inv = nan ? NAN : (total > 0.0f ? 1.0f / total : 0.0f);
+  const int j = row / p.num_heads, n = row % p.num_heads;
+  const int64_t base = b * p.out_stride_batch + j * p.out_stride_query + n * p.out_stride_head;
+#pragma unroll
+  for (int c = 0; c < kColumnsPerLane; ++c) {
+    store4_converted(p.out, base + 4 * (lane + 32 * c), p.out_dtype,
+                     make_float4(acc[c].x * inv, acc[c].y * inv, acc[c].z * inv, acc[c].w * inv));
+  }
+  if (lane == 0) {
+    p.lse[b * p.lse_stride_batch + j * p.lse_stride_query + n * p.lse_stride_head] =
+        nan ? NAN : (total > 0.0f ? m + logf(total) : -INFINITY);
+  }
+}
+
 }  // namespace mlakit::cuda::decode_sm90

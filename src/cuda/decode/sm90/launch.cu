@@ -267,11 +267,14 @@ LaunchPlan plan_launch(const DecodeProblem& problem, const DecodeSchedule& sched
     c.num_heads = k.num_heads;
     c.rows = k.rows;
     const int64_t row_ctas = sizes.bounds.max_split_requests * rows;  // (request, row) pairs
-    // Batch-invariant: one slice whatever the batch, so the order of a row's sums is fixed (the
-    // slice count decides which segments each thread adds).
+    const bool invariant = schedule.device.batch_invariant;
+    plan.combine_by_warps = combine_by_warps(row_ctas, plan.decode_ctas, invariant);
+    // Batch-invariant: one CTA per row and one slice whatever the batch, so the order of a row's
+    // sums is fixed (the slice count decides which segments each thread adds).
     c.column_slices =
-        schedule.device.batch_invariant ? 1 : combine_column_slices(row_ctas, plan.decode_ctas);
-    plan.combine_ctas = row_ctas * c.column_slices;
+        invariant || plan.combine_by_warps ? 1 : combine_column_slices(row_ctas, plan.decode_ctas);
+    plan.combine_ctas = plan.combine_by_warps ? (row_ctas + kCombineWarpRows - 1) / kCombineWarpRows
+                                              : row_ctas * c.column_slices;
   }
   return plan;
 }
@@ -299,8 +302,8 @@ void mla_decode(const DecodeProblem& problem, const DecodeSchedule& schedule, St
       break;
   }
   if (plan.combine_ctas > 0) {
-    launch_combine_kernel(plan.combine, dim3(static_cast<unsigned>(plan.combine_ctas)),
-                          cuda_stream);
+    launch_combine_kernel(plan.combine, plan.combine_by_warps,
+                          dim3(static_cast<unsigned>(plan.combine_ctas)), cuda_stream);
   }
 }
 

@@ -22,7 +22,8 @@ struct LaunchPlan {
   bool bf16_mma = true;      // MMA element type: bf16, else f16
   int rows_per_cta = 16;     // 16 or 64 (tile_shape.hpp)
   int64_t decode_ctas = 0;   // 1-D grid of the decode kernel (parts x row tiles); 0: nothing to do
-  int64_t combine_ctas = 0;  // 1-D grid of the combine (max split requests x rows); 0: no combine
+  int64_t combine_ctas = 0;  // 1-D grid of the combine (combine.cuh); 0: no combine
+  bool combine_by_warps = false;  // a warp per (split request, row), else a CTA per row slice
 };
 
 // Throws kUnsupported / kInvalidArgument for what the kernel cannot serve (cuda/decode/decode.hpp).
