@@ -39,6 +39,25 @@ __device__ __forceinline__ void store4_converted(void* base, int64_t offset, Run
   }
 }
 
+// The merged row `row` of request b from its max partial LSE `m`, weight sum `total` and NaN flag
+// (spec C.6): where its values go in out (element offset of column 0), the factor that normalizes
+// the weighted sums, and its LSE. A row no segment saw: out 0, lse -inf; a NaN partial: NaN.
+struct MergedRow {
+  int64_t out_offset;
+  float inv;
+};
+__device__ __forceinline__ MergedRow finish_merged_row(const CombineParams& p, int b, int row,
+                                                       float m, float total, bool nan,
+                                                       bool write_lse) {
+  const int j = row / p.num_heads, n = row % p.num_heads;
+  if (write_lse) {
+    p.lse[b * p.lse_stride_batch + j * p.lse_stride_query + n * p.lse_stride_head] =
+        nan ? NAN : (total > 0.0f ? m + logf(total) : -INFINITY);
+  }
+  return {b * p.out_stride_batch + j * p.out_stride_query + n * p.out_stride_head,
+          nan ? NAN : (total > 0.0f ? 1.0f / total : 0.0f)};
+}
+
 // Block-wide max / sum of one value per thread (kCombineThreads threads); every thread gets it.
 __device__ __forceinline__ float block_reduce(float v, bool is_max, float* scratch) {
   constexpr int kReduceWarps = kCombineThreads / 32;
@@ -112,16 +131,9 @@ __global__ void __launch_bounds__(kCombineThreads)
     acc.z += other.z;
     acc.w += other.w;
   }
-  const float inv = nan ? NAN : (total > 0.0f ? 1.0f / total : 0.0f);
-  const float4 v = make_float4(acc.x * inv, acc.y * inv, acc.z * inv, acc.w * inv);
-  const int j = row / p.num_heads, n = row % p.num_heads;
-  store4_converted(
-      p.out, b * p.out_stride_batch + j * p.out_stride_query + n * p.out_stride_head + 4 * column,
-      p.out_dtype, v);
-  if (t == 0 && slice == 0) {
-    p.lse[b * p.lse_stride_batch + j * p.lse_stride_query + n * p.lse_stride_head] =
-        nan ? NAN : (total > 0.0f ? m + logf(total) : -INFINITY);
-  }
+  const MergedRow out = finish_merged_row(p, b, row, m, total, nan, t == 0 && slice == 0);
+  store4_converted(p.out, out.out_offset + 4 * column, p.out_dtype,
+                   make_float4(acc.x * out.inv, acc.y * out.inv, acc.z * out.inv, acc.w * out.inv));
 }
 
 // A warp per (split request, row) (combine.cuh, combine_by_warps): lane i reads the LSEs of
@@ -176,17 +188,12 @@ __global__ void __launch_bounds__(kCombineThreads)
       acc[j].w += w * x.w;
     }
   }
-  const float inv = nan ? NAN : (total > 0.0f ? 1.0f / total : 0.0f);
-  const int j = row / p.num_heads, n = row % p.num_heads;
-  const int64_t base = b * p.out_stride_batch + j * p.out_stride_query + n * p.out_stride_head;
+  const MergedRow out = finish_merged_row(p, b, row, m, total, nan, lane == 0);
 #pragma unroll
   for (int c = 0; c < kColumnsPerLane; ++c) {
-    store4_converted(p.out, base + 4 * (lane + 32 * c), p.out_dtype,
-                     make_float4(acc[c].x * inv, acc[c].y * inv, acc[c].z * inv, acc[c].w * inv));
-  }
-  if (lane == 0) {
-    p.lse[b * p.lse_stride_batch + j * p.lse_stride_query + n * p.lse_stride_head] =
-        nan ? NAN : (total > 0.0f ? m + logf(total) : -INFINITY);
+    store4_converted(p.out, out.out_offset + 4 * (lane + 32 * c), p.out_dtype,
+                     make_float4(acc[c].x * out.inv, acc[c].y * out.inv, acc[c].z * out.inv,
+                                 acc[c].w * out.inv));
   }
 }
 
