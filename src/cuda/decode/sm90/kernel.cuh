@@ -6,7 +6,8 @@
 // tiles of one request. Per 64-key tile:
 //   copy    cp.async of the 64 cache entries (page ids from the block table) into a ring stage,
 //           kTilesAhead tiles ahead; keys past the chunk are zero-filled, never read;
-//   convert (fp8 formats) raw entries -> a 16-bit tile in shared memory;
+//   convert (fp8 formats) raw entries -> a 16-bit tile in shared memory; not with e4m3 scores (an
+//           fp8 q over fp8_e4m3: kernel_e4m3.cuh reads the raw tile in place);
 //   scores  S = q K^T with mma.sync m16n8k16 (f32 accumulators), every row reading the same tile;
 //   softmax online, per row, in log2 units; the tile max is exchanged between the warps that share
 //           a row through shared memory; P (16-bit) goes to shared memory;
@@ -23,6 +24,7 @@
 
 #include "cuda/common/grid_dependency.cuh"
 #include "cuda/decode/sm90/kernel_common.cuh"
+#include "cuda/decode/sm90/kernel_e4m3.cuh"
 #include "cuda/decode/sm90/params.cuh"
 #include "cuda/decode/sm90/ptx.cuh"
 #include "cuda/decode/sm90/traits.cuh"
@@ -218,30 +220,32 @@ __device__ __forceinline__ void decode_segment(const DecodeKernelParams& p, cons
   float m_run[2] = {-INFINITY, -INFINITY};  // running max of the row, log2 units
   float l_run[2] = {0.0f, 0.0f};            // this thread's share of the running sum
 
-  uint32_t q_frags[Cfg::kQInRegisters ? kDimQK / 16 : 1][4];
+  uint32_t q_frags[Cfg::kQInRegisters ? Cfg::kQSteps : 1][4];
   int next_pages[Cfg::kLoadPasses] = {};  // page ids of the next tile to copy
   if (w.num_tiles > 0) {
     if constexpr (Cfg::kQInRegisters) {
       // q's loads go out before the tiles' copies, so its bytes do not queue behind the copies of
       // every CTA's first tiles (16 rows: the whole tile is one batch).
       static_assert(QTile<Cfg>::kBatch == QTile<Cfg>::kPerThread, "one batch holds q");
-      const bool fetched = q_fetchable(p);
+      const bool fetched = Cfg::kE4m3Scores || q_fetchable(p);  // e4m3: the launcher checked
       uint4 q_raw[QTile<Cfg>::kBatch];
       if (fetched) fetch_q_batch<Cfg>(p, w, 0, q_raw);
       start_copies<Cfg>(p, w, raw_stage, next_pages, bad);
       // Stage q where no copy is in flight (the conversion buffer, or the ring stage the first
       // in-loop copy fills), then move it into A fragments.
       uint8_t* staging = Cfg::kConvert ? smem + Cfg::kConvOffset : raw_stage(Cfg::kStages - 1);
-      if (fetched) {
+      if constexpr (Cfg::kE4m3Scores) {
+        store_q_batch<Cfg>(p, 0, q_raw, staging);
+      } else if (fetched) {
         store_q_batch<Cfg>(p, 0, q_raw, staging);
       } else {
         load_q_tile_slow<Cfg>(p, w, staging);
       }
       __syncthreads();
 #pragma unroll
-      for (int ks = 0; ks < kDimQK / 16; ++ks) {
+      for (int ks = 0; ks < Cfg::kQSteps; ++ks) {
         ldmatrix_x4(q_frags[ks],
-                    smem_addr(staging) + swizzled<kRowBytes>(lane & 15, 2 * ks + (lane >> 4)));
+                    smem_addr(staging) + Cfg::operand_offset(lane & 15, 2 * ks + (lane >> 4)));
       }
     } else {
       start_copies<Cfg>(p, w, raw_stage, next_pages, bad);
@@ -272,8 +276,13 @@ __device__ __forceinline__ void decode_segment(const DecodeKernelParams& p, cons
       for (int nt = 0; nt < Cfg::kScoreTiles; ++nt)
 #pragma unroll
         for (int e = 0; e < 4; ++e) acc[c][nt][e] = 0.0f;
-    compute_scores<Cfg>(q_frags, smem_addr(smem + Cfg::kQOffset), smem_addr(tile_data), row_group,
-                        key_group, acc);
+    if constexpr (Cfg::kE4m3Scores) {
+      compute_scores_e4m3<Cfg>(q_frags, smem_addr(smem + Cfg::kQOffset), smem_addr(tile_data),
+                               row_group, key_group, acc);
+    } else {
+      compute_scores<Cfg>(q_frags, smem_addr(smem + Cfg::kQOffset), smem_addr(tile_data), row_group,
+                          key_group, acc);
+    }
 
     // scale, mask, tile max of this warp's keys per row
     const int tile_start = w.key_begin + t * kBlockN;
@@ -334,7 +343,11 @@ __device__ __forceinline__ void decode_segment(const DecodeKernelParams& p, cons
         o[mt][nt][3] *= a1;
       }
     }
-    accumulate_values<Cfg>(smem_addr(p_tile), smem_addr(tile_data), warp, o);
+    if constexpr (Cfg::kE4m3Scores) {
+      accumulate_values_e4m3<Cfg>(smem_addr(p_tile), smem_addr(tile_data), warp, o);
+    } else {
+      accumulate_values<Cfg>(smem_addr(p_tile), smem_addr(tile_data), warp, o);
+    }
   }
   cp_async_wait<0>();  // no copy may outlive the CTA (only empty groups remain, but be exact)
 
@@ -361,11 +374,22 @@ __device__ __forceinline__ void decode_segment(const DecodeKernelParams& p, cons
           finish_row(p, w, row, l, max_final[local_row], bad, warp == 0 && tq == 0);
       if (sink.base == nullptr) continue;
       with_pair_store(sink.dtype, [&](auto store) {
+        const int64_t slab = sink.offset + warp * Cfg::kColsPerWarp;
+        if constexpr (Cfg::kE4m3Scores) {  // n8 tiles 2 c, 2 c + 1: even / odd columns
 #pragma unroll
-        for (int nt = 0; nt < Cfg::kColTiles; ++nt) {
-          const int col = warp * Cfg::kColsPerWarp + nt * 8 + 2 * tq;
-          store(sink.base, sink.offset + col, o[mt][nt][2 * h] * sink.inv,
-                o[mt][nt][2 * h + 1] * sink.inv);
+          for (int c = 0; c < Cfg::kColTiles / 2; ++c) {
+#pragma unroll
+            for (int i = 0; i < 2; ++i) {
+              store(sink.base, slab + value_pair_column(c, i, tq),
+                    o[mt][2 * c][2 * h + i] * sink.inv, o[mt][2 * c + 1][2 * h + i] * sink.inv);
+            }
+          }
+        } else {
+#pragma unroll
+          for (int nt = 0; nt < Cfg::kColTiles; ++nt) {
+            store(sink.base, slab + nt * 8 + 2 * tq, o[mt][nt][2 * h] * sink.inv,
+                  o[mt][nt][2 * h + 1] * sink.inv);
+          }
         }
       });
     }

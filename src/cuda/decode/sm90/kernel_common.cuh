@@ -129,12 +129,14 @@ __device__ __forceinline__ uint4 load_q8(const DecodeKernelParams& p, int64_t of
   }
 }
 
-// A q tile, rows [row0, row0 + kBlockM) of request b, is kUnits 16-byte units (8 converted
-// elements) of the operand layout; thread t handles units t + i * kThreads.
+// A q tile, rows [row0, row0 + kBlockM) of request b, is kUnits 16-byte units of the operand
+// layout: 8 elements in the MMA element type, or 16 raw e4m3 values for e4m3 scores. Thread t
+// handles units t + i * kThreads.
 template <class Cfg>
 struct QTile {
-  static constexpr int kUnits = Cfg::kBlockM * kRowChunks;
-  static constexpr int kPerThread = (kUnits + kThreads - 1) / kThreads;  // 5 (16 rows), 18 (64)
+  static constexpr int kChunks = Cfg::kQRowBytes / 16;  // units per row: 72, or 36 raw e4m3
+  static constexpr int kUnits = Cfg::kBlockM * kChunks;
+  static constexpr int kPerThread = (kUnits + kThreads - 1) / kThreads;  // 5 / 18 (e4m3: 3 / 9)
   // Units fetched before any is stored: 6 x 16 bytes = 24 registers in flight per thread, so 16
   // rows take one round trip and 64 rows three.
   static constexpr int kBatch = kPerThread < 6 ? kPerThread : 6;
@@ -147,9 +149,9 @@ __device__ __forceinline__ bool q_fetchable(const DecodeKernelParams& p) {
 }
 
 // Issues the loads of this thread's units [first, first + kBatch) of the q tile (q_fetchable):
-// raw bytes, 16 per unit (8 for fp8, in .x and .y), zero past `rows`. Nothing waits for them here:
-// a load-then-store loop through generic pointers would wait out one global-memory round trip per
-// unit (the compiler cannot move a load above a store that may alias it).
+// raw bytes, 16 per unit (8 for fp8 converted later, in .x and .y), zero past `rows`. Nothing waits
+// for them here: a load-then-store loop through generic pointers would wait out one global-memory
+// round trip per unit (the compiler cannot move a load above a store that may alias it).
 template <class Cfg>
 __device__ __forceinline__ void fetch_q_batch(const DecodeKernelParams& p, const WorkItem& w,
                                               int first, uint4 (&raw)[QTile<Cfg>::kBatch]) {
@@ -157,13 +159,16 @@ __device__ __forceinline__ void fetch_q_batch(const DecodeKernelParams& p, const
 #pragma unroll
   for (int i = 0; i < Q::kBatch; ++i) {
     const int u = static_cast<int>(threadIdx.x) + (first + i) * kThreads;
-    const int row = w.row0 + u / kRowChunks;
+    const int row = w.row0 + u / Q::kChunks;
     raw[i] = make_uint4(0, 0, 0, 0);
     if (first + i < Q::kPerThread && u < Q::kUnits && row < p.rows) {
       const DivMod jn = fast_divmod(row, p.heads_div);  // (query, head)
       const int64_t offset = w.batch_index * p.q_stride_batch + jn.quotient * p.q_stride_query +
-                             jn.remainder * p.q_stride_head + (u % kRowChunks) * 8;
-      if (p.q_dtype == RuntimeDType::kFp8E4m3) {
+                             jn.remainder * p.q_stride_head +
+                             (u % Q::kChunks) * (Cfg::kE4m3Scores ? 16 : 8);
+      if constexpr (Cfg::kE4m3Scores) {
+        raw[i] = __ldg(reinterpret_cast<const uint4*>(static_cast<const uint8_t*>(p.q) + offset));
+      } else if (p.q_dtype == RuntimeDType::kFp8E4m3) {
         const uint2 v =
             __ldg(reinterpret_cast<const uint2*>(static_cast<const uint8_t*>(p.q) + offset));
         raw[i] = make_uint4(v.x, v.y, 0, 0);
@@ -187,7 +192,9 @@ __device__ __forceinline__ void store_q_batch(const DecodeKernelParams& p, int f
     const int u = static_cast<int>(threadIdx.x) + (first + i) * kThreads;
     if (first + i >= Q::kPerThread || u >= Q::kUnits) continue;
     uint4 value;
-    if (p.q_dtype == RuntimeDType::kFp8E4m3) {
+    if constexpr (Cfg::kE4m3Scores) {
+      value = raw[i];  // the scores read q's e4m3 bytes as they are
+    } else if (p.q_dtype == RuntimeDType::kFp8E4m3) {
       value = make_uint4(Elem::from_e4m3x2(static_cast<uint16_t>(raw[i].x)),
                          Elem::from_e4m3x2(static_cast<uint16_t>(raw[i].x >> 16)),
                          Elem::from_e4m3x2(static_cast<uint16_t>(raw[i].y)),
@@ -195,15 +202,17 @@ __device__ __forceinline__ void store_q_batch(const DecodeKernelParams& p, int f
     } else {
       value = q16x8_as<Elem>(raw[i], p.q_dtype);
     }
-    *reinterpret_cast<uint4*>(dst + Cfg::operand_offset(u / kRowChunks, u % kRowChunks)) = value;
+    *reinterpret_cast<uint4*>(dst + Cfg::operand_offset(u / Q::kChunks, u % Q::kChunks)) = value;
   }
 }
 
 // The q tile of f32 or unaligned q, unit by unit (a compact loop: these dtypes are rare, and
-// unrolled code executed once per segment costs instruction fetches).
+// unrolled code executed once per segment costs instruction fetches). Not for e4m3 scores, whose
+// q the launcher takes only when fetchable.
 template <class Cfg>
 __device__ __forceinline__ void load_q_tile_slow(const DecodeKernelParams& p, const WorkItem& w,
                                                  uint8_t* dst) {
+  static_assert(!Cfg::kE4m3Scores, "e4m3 scores take q_fetchable q only");
 #pragma unroll 1
   for (int u = threadIdx.x; u < QTile<Cfg>::kUnits; u += kThreads) {
     const int r = u / kRowChunks, c = u % kRowChunks;
@@ -225,9 +234,11 @@ template <class Cfg>
 __device__ __forceinline__ void load_q_tile(const DecodeKernelParams& p, const WorkItem& w,
                                             uint8_t* dst) {
   using Q = QTile<Cfg>;
-  if (!q_fetchable(p)) {
-    load_q_tile_slow<Cfg>(p, w, dst);
-    return;
+  if constexpr (!Cfg::kE4m3Scores) {
+    if (!q_fetchable(p)) {
+      load_q_tile_slow<Cfg>(p, w, dst);
+      return;
+    }
   }
 #pragma unroll 1
   for (int first = 0; first < Q::kPerThread; first += Q::kBatch) {
@@ -287,17 +298,6 @@ __device__ __forceinline__ void lookup_pages(const DecodeKernelParams& p, const 
   }
 }
 
-// Byte offset of chunk c of key `key` in a raw stage: native tiles are the MMA operand and use the
-// configuration's operand layout; fp8 stages are plain rows that only the conversion reads.
-template <class Cfg>
-__device__ __forceinline__ uint32_t raw_offset(int key, int c) {
-  if constexpr (Cfg::kConvert) {
-    return static_cast<uint32_t>(key * Cfg::kRawEntry + c * 16);
-  } else {
-    return Cfg::operand_offset(key, c);
-  }
-}
-
 // Issues (does not wait for) the copies of tile `tile` into `stage`. Sets `bad` on a block id
 // outside the cache; that key is zero-filled instead.
 template <class Cfg>
@@ -324,7 +324,7 @@ __device__ __forceinline__ void copy_tile(const DecodeKernelParams& p, const Wor
     for (int step = 0; step < Cfg::kChunkSteps; ++step) {
       const int c = lane_chunk + step * Cfg::kThreadsPerKey;
       if (Cfg::kRawChunks % Cfg::kThreadsPerKey == 0 || c < Cfg::kRawChunks) {
-        cp_async_16(base + raw_offset<Cfg>(key, c), valid ? src + c * 16 : src, valid);
+        cp_async_16(base + Cfg::raw_offset(key, c), valid ? src + c * 16 : src, valid);
       }
     }
   }

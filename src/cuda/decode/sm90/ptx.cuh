@@ -1,5 +1,6 @@
 // PTX wrappers the sm90 decode is built from: cp.async copies, ldmatrix fragment loads, the
-// m16n8k16 tensor-core MMA in bf16 and f16, ex2, and fp8 e4m3 -> 16-bit conversion.
+// m16n8k16 tensor-core MMA in bf16 and f16, the m16n8k32 MMA in e4m3, ex2, byte permutes and fp8
+// e4m3 -> 16-bit conversion.
 //
 // A classic include guard instead of #pragma once: tests/cuda/decode_emulated_test.cpp defines it
 // and supplies host versions of these functions, to run the kernel source on the CPU.
@@ -67,6 +68,10 @@ __device__ __forceinline__ uint32_t e4m3x2_to_f16x2(uint16_t two) {
       __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(two), __NV_E4M3);
   return static_cast<uint32_t>(h.x) | (static_cast<uint32_t>(h.y) << 16);
 }
+// The bytes of `v` picked by the four selector nibbles of `selector` (lowest first; PTX prmt).
+__device__ __forceinline__ uint32_t byte_perm(uint32_t v, uint32_t selector) {
+  return __byte_perm(v, 0u, selector);
+}
 __device__ __forceinline__ float2 f16x2_to_float2(uint32_t v) {
   __half2 h;
   memcpy(&h, &v, sizeof(h));
@@ -108,6 +113,21 @@ struct F16Mma {
   __device__ __forceinline__ static void mma(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,
                                              uint32_t b1) {
     asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+        "{%8, %9}, {%0, %1, %2, %3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  }
+};
+
+// e4m3 scores over a raw fp8 cache with an fp8 q (kernel_e4m3.cuh): S = q K^T on the m16n8k32
+// e4m3 MMA (exact products, f32 sums), O += P V in f16 (P rounded to f16, V's e4m3 values exact
+// in f16), so `pack` and `mma` are F16Mma's.
+struct E4m3Mma : F16Mma {
+  // d += a (16 x 32 e4m3: a0 = row g, k 4t..4t+3; a1 = row g+8; a2, a3 = k + 16) x b (32 x 8:
+  // b0 = k 4t..4t+3 of column g, b1 = k + 16); g = lane / 4, t = lane % 4, bytes lowest k first.
+  __device__ __forceinline__ static void mma_e4m3(float (&d)[4], const uint32_t (&a)[4],
+                                                  uint32_t b0, uint32_t b1) {
+    asm("mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
         "{%8, %9}, {%0, %1, %2, %3};\n"
         : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
