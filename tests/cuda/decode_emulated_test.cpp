@@ -189,37 +189,7 @@ void mma_lane(const Warp& w, unsigned p, int l, float (&d)[4]) {
   }
 }
 
-inline float e4m3_byte(uint32_t reg, int which) {
-  const auto byte = static_cast<__nv_fp8_storage_t>((reg >> (8 * which)) & 0xffu);
-  return __half2float(__half(__nv_cvt_fp8_to_halfraw(byte, __NV_E4M3)));
-}
-
-// D = A B + C of one m16n8k32 e4m3 MMA for lane `l` (PTX ISA layouts: 4 bytes per register, a0 =
-// row g k 4q..4q+3, a1 = row g+8, a2 / a3 = k + 16; b0 = k 4q..4q+3 of column g, b1 = k + 16).
-inline void mma_e4m3_lane(const Warp& w, unsigned p, int l, float (&d)[4]) {
-  float a[16][32], b[32][8];
-  for (int t = 0; t < kWarpSize; ++t) {
-    const int g = t / 4, q = t % 4;
-    for (int i = 0; i < 4; ++i) {
-      a[g][4 * q + i] = e4m3_byte(w.a[p][t][0], i);
-      a[g + 8][4 * q + i] = e4m3_byte(w.a[p][t][1], i);
-      a[g][16 + 4 * q + i] = e4m3_byte(w.a[p][t][2], i);
-      a[g + 8][16 + 4 * q + i] = e4m3_byte(w.a[p][t][3], i);
-      b[4 * q + i][g] = e4m3_byte(w.b[p][t][0], i);
-      b[16 + 4 * q + i][g] = e4m3_byte(w.b[p][t][1], i);
-    }
-  }
-  const int g = l / 4, q = l % 4;
-  for (int e = 0; e < 4; ++e) {
-    const int row = g + 8 * (e / 2), col = 2 * q + e % 2;
-    float sum = w.c[p][l][e];
-    for (int k = 0; k < 32; ++k) sum += a[row][k] * b[k][col];
-    d[e] = sum;
-  }
-}
-
-// kKind: 0 bf16 m16n8k16, 1 f16 m16n8k16, 2 e4m3 m16n8k32.
-template <int kKind>
+template <bool kBf16>
 void mma(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
   Warp& w = warp();
   Fiber& f = self();
@@ -232,11 +202,7 @@ void mma(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
   arrive_and_wait(w.barrier, kWarpSize, [&] {
     for (int t = 0; t < kWarpSize; ++t) {
       float r[4];
-      if constexpr (kKind == 2) {
-        mma_e4m3_lane(w, p, t, r);
-      } else {
-        mma_lane<kKind == 0>(w, p, t, r);
-      }
+      mma_lane<kBf16>(w, p, t, r);
       for (int e = 0; e < 4; ++e) out[t][e] = r[e];
     }
     for (int t = 0; t < kWarpSize; ++t)
@@ -400,7 +366,7 @@ struct Bf16Mma {
     return pack(f.x, f.y);
   }
   static void mma(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-    emu::mma<0>(d, a, b0, b1);
+    emu::mma<true>(d, a, b0, b1);
   }
 };
 struct F16Mma {
@@ -412,14 +378,10 @@ struct F16Mma {
   }
   static uint32_t from_e4m3x2(uint16_t two) { return e4m3x2_to_f16x2(two); }
   static void mma(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-    emu::mma<1>(d, a, b0, b1);
+    emu::mma<false>(d, a, b0, b1);
   }
 };
-struct E4m3Mma : F16Mma {
-  static void mma_e4m3(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-    emu::mma<2>(d, a, b0, b1);
-  }
-};
+struct RawE4m3Mma : F16Mma {};
 inline uint32_t byte_perm(uint32_t v, uint32_t selector) {
   uint32_t r = 0;
   for (int i = 0; i < 4; ++i) {
@@ -479,8 +441,8 @@ void run_decode_rows(const cuda::decode_sm90::LaunchPlan& plan) {
 template <sm90::CacheFormat kFormat>
 void run_decode_format(const cuda::decode_sm90::LaunchPlan& plan) {
   if constexpr (kFormat == sm90::CacheFormat::kFp8E4m3) {
-    if (plan.e4m3_scores) {
-      run_decode_rows<kFormat, sm90::E4m3Mma>(plan);
+    if (plan.raw_e4m3) {
+      run_decode_rows<kFormat, sm90::RawE4m3Mma>(plan);
       return;
     }
   }
@@ -831,10 +793,10 @@ TEST(MlaDecodeEmulated, Fp8CacheWithScales) {
   check_case(bf16_q, 401, balanced({1}));
 }
 
-// An fp8 q over fp8_e4m3 in 16-byte rows takes e4m3 scores on the raw tile (kernel_e4m3.cuh):
+// An fp8 q over fp8_e4m3 in 16-byte rows reads the raw tiles in place (kernel_e4m3.cuh):
 // 16 and 64 rows, a partial 64-row tile, causal s_q 2, a strided q; a q row that is not 16-byte
 // aligned takes the converting path instead. All against the fp64 oracle.
-TEST(MlaDecodeEmulated, E4m3ScoresOverRawTiles) {
+TEST(MlaDecodeEmulated, Fp8QueryOverRawE4m3Tiles) {
   uint64_t stream = 420;
   Case c;
   c.kv_dtype = KvCacheDType::kFp8E4m3;

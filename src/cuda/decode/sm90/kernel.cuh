@@ -6,8 +6,8 @@
 // tiles of one request. Per 64-key tile:
 //   copy    cp.async of the 64 cache entries (page ids from the block table) into a ring stage,
 //           kTilesAhead tiles ahead; keys past the chunk are zero-filled, never read;
-//   convert (fp8 formats) raw entries -> a 16-bit tile in shared memory; not with e4m3 scores (an
-//           fp8 q over fp8_e4m3: kernel_e4m3.cuh reads the raw tile in place);
+//   convert (fp8 formats) raw entries -> a 16-bit tile in shared memory; not for an fp8 q over
+//           fp8_e4m3, whose raw tile each warp converts in registers (kernel_e4m3.cuh);
 //   scores  S = q K^T with mma.sync m16n8k16 (f32 accumulators), every row reading the same tile;
 //   softmax online, per row, in log2 units; the tile max is exchanged between the warps that share
 //           a row through shared memory; P (16-bit) goes to shared memory;
@@ -220,30 +220,28 @@ __device__ __forceinline__ void decode_segment(const DecodeKernelParams& p, cons
   float m_run[2] = {-INFINITY, -INFINITY};  // running max of the row, log2 units
   float l_run[2] = {0.0f, 0.0f};            // this thread's share of the running sum
 
-  uint32_t q_frags[Cfg::kQInRegisters ? Cfg::kQSteps : 1][4];
+  uint32_t q_frags[Cfg::kQInRegisters ? kDimQK / 16 : 1][4];
   int next_pages[Cfg::kLoadPasses] = {};  // page ids of the next tile to copy
   if (w.num_tiles > 0) {
     if constexpr (Cfg::kQInRegisters) {
       // q's loads go out before the tiles' copies, so its bytes do not queue behind the copies of
       // every CTA's first tiles (16 rows: the whole tile is one batch).
       static_assert(QTile<Cfg>::kBatch == QTile<Cfg>::kPerThread, "one batch holds q");
-      const bool fetched = Cfg::kE4m3Scores || q_fetchable(p);  // e4m3: the launcher checked
+      const bool fetched = Cfg::kRawE4m3 || q_fetchable(p);  // raw e4m3: the launcher checked
       uint4 q_raw[QTile<Cfg>::kBatch];
       if (fetched) fetch_q_batch<Cfg>(p, w, 0, q_raw);
       start_copies<Cfg>(p, w, raw_stage, next_pages, bad);
       // Stage q where no copy is in flight (the conversion buffer, or the ring stage the first
       // in-loop copy fills), then move it into A fragments.
       uint8_t* staging = Cfg::kConvert ? smem + Cfg::kConvOffset : raw_stage(Cfg::kStages - 1);
-      if constexpr (Cfg::kE4m3Scores) {
+      if (fetched) {
         store_q_batch<Cfg>(p, 0, q_raw, staging);
-      } else if (fetched) {
-        store_q_batch<Cfg>(p, 0, q_raw, staging);
-      } else {
+      } else if constexpr (!Cfg::kRawE4m3) {
         load_q_tile_slow<Cfg>(p, w, staging);
       }
       __syncthreads();
 #pragma unroll
-      for (int ks = 0; ks < Cfg::kQSteps; ++ks) {
+      for (int ks = 0; ks < kDimQK / 16; ++ks) {
         ldmatrix_x4(q_frags[ks],
                     smem_addr(staging) + Cfg::operand_offset(lane & 15, 2 * ks + (lane >> 4)));
       }
@@ -276,9 +274,9 @@ __device__ __forceinline__ void decode_segment(const DecodeKernelParams& p, cons
       for (int nt = 0; nt < Cfg::kScoreTiles; ++nt)
 #pragma unroll
         for (int e = 0; e < 4; ++e) acc[c][nt][e] = 0.0f;
-    if constexpr (Cfg::kE4m3Scores) {
-      compute_scores_e4m3<Cfg>(q_frags, smem_addr(smem + Cfg::kQOffset), smem_addr(tile_data),
-                               row_group, key_group, acc);
+    if constexpr (Cfg::kRawE4m3) {
+      compute_scores_raw_e4m3<Cfg>(q_frags, smem_addr(smem + Cfg::kQOffset), smem_addr(tile_data),
+                                   row_group, key_group, acc);
     } else {
       compute_scores<Cfg>(q_frags, smem_addr(smem + Cfg::kQOffset), smem_addr(tile_data), row_group,
                           key_group, acc);
@@ -343,8 +341,8 @@ __device__ __forceinline__ void decode_segment(const DecodeKernelParams& p, cons
         o[mt][nt][3] *= a1;
       }
     }
-    if constexpr (Cfg::kE4m3Scores) {
-      accumulate_values_e4m3<Cfg>(smem_addr(p_tile), smem_addr(tile_data), warp, o);
+    if constexpr (Cfg::kRawE4m3) {
+      accumulate_values_raw_e4m3<Cfg>(smem_addr(p_tile), smem_addr(tile_data), warp, o);
     } else {
       accumulate_values<Cfg>(smem_addr(p_tile), smem_addr(tile_data), warp, o);
     }
@@ -375,7 +373,7 @@ __device__ __forceinline__ void decode_segment(const DecodeKernelParams& p, cons
       if (sink.base == nullptr) continue;
       with_pair_store(sink.dtype, [&](auto store) {
         const int64_t slab = sink.offset + warp * Cfg::kColsPerWarp;
-        if constexpr (Cfg::kE4m3Scores) {  // n8 tiles 2 c, 2 c + 1: even / odd columns
+        if constexpr (Cfg::kRawE4m3) {  // n8 tiles 2 c, 2 c + 1: even / odd columns
 #pragma unroll
           for (int c = 0; c < Cfg::kColTiles / 2; ++c) {
 #pragma unroll

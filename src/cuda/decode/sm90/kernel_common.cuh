@@ -129,18 +129,35 @@ __device__ __forceinline__ uint4 load_q8(const DecodeKernelParams& p, int64_t of
   }
 }
 
-// A q tile, rows [row0, row0 + kBlockM) of request b, is kUnits 16-byte units of the operand
-// layout: 8 elements in the MMA element type, or 16 raw e4m3 values for e4m3 scores. Thread t
-// handles units t + i * kThreads.
+// A q tile, rows [row0, row0 + kBlockM) of request b, is kUnits units: a 16-byte unit of the
+// operand layout (8 elements in the MMA element type), or, over raw e4m3 tiles, 16 e4m3 values
+// that become two such units (16 dims in raw_e4m3_dim_order). Thread t handles units t + i *
+// kThreads.
 template <class Cfg>
 struct QTile {
-  static constexpr int kChunks = Cfg::kQRowBytes / 16;  // units per row: 72, or 36 raw e4m3
+  static constexpr int kChunks = Cfg::kRawE4m3 ? kDimQK / 16 : kRowChunks;  // units per row
   static constexpr int kUnits = Cfg::kBlockM * kChunks;
-  static constexpr int kPerThread = (kUnits + kThreads - 1) / kThreads;  // 5 / 18 (e4m3: 3 / 9)
+  static constexpr int kPerThread = (kUnits + kThreads - 1) / kThreads;  // 5 / 18 (raw: 3 / 9)
   // Units fetched before any is stored: 6 x 16 bytes = 24 registers in flight per thread, so 16
   // rows take one round trip and 64 rows three.
   static constexpr int kBatch = kPerThread < 6 ? kPerThread : 6;
 };
+
+// Sixteen e4m3 q values (dims 16 m .. 16 m + 15, lowest first) as the two f16 units of their
+// 16-dim group in the order the raw e4m3 scores use (kernel_e4m3.cuh): lane t's K fragment holds
+// dims 4 t .. 4 t + 3 of a 16-byte chunk, so the q unit `lo` holds dims 0 1 4 5 8 9 12 13 and `hi`
+// dims 2 3 6 7 10 11 14 15 (MMA k slots 2 t, 2 t + 1 and 2 t + 8, 2 t + 9). e4m3 -> f16 is exact.
+__device__ __forceinline__ void raw_e4m3_dim_order(uint4 raw, uint4& lo, uint4& hi) {
+  const uint32_t w[4] = {raw.x, raw.y, raw.z, raw.w};
+  uint32_t l[4], h[4];
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    l[i] = e4m3x2_to_f16x2(static_cast<uint16_t>(w[i]));
+    h[i] = e4m3x2_to_f16x2(static_cast<uint16_t>(w[i] >> 16));
+  }
+  lo = make_uint4(l[0], l[1], l[2], l[3]);
+  hi = make_uint4(h[0], h[1], h[2], h[3]);
+}
 
 // Whether q's units can be fetched raw (fetch_q_batch): 16-bit or fp8 rows on 16-byte boundaries.
 // Otherwise (f32, unaligned) load_q_tile_slow converts unit by unit.
@@ -165,8 +182,8 @@ __device__ __forceinline__ void fetch_q_batch(const DecodeKernelParams& p, const
       const DivMod jn = fast_divmod(row, p.heads_div);  // (query, head)
       const int64_t offset = w.batch_index * p.q_stride_batch + jn.quotient * p.q_stride_query +
                              jn.remainder * p.q_stride_head +
-                             (u % Q::kChunks) * (Cfg::kE4m3Scores ? 16 : 8);
-      if constexpr (Cfg::kE4m3Scores) {
+                             (u % Q::kChunks) * (Cfg::kRawE4m3 ? 16 : 8);
+      if constexpr (Cfg::kRawE4m3) {
         raw[i] = __ldg(reinterpret_cast<const uint4*>(static_cast<const uint8_t*>(p.q) + offset));
       } else if (p.q_dtype == RuntimeDType::kFp8E4m3) {
         const uint2 v =
@@ -191,10 +208,16 @@ __device__ __forceinline__ void store_q_batch(const DecodeKernelParams& p, int f
   for (int i = 0; i < Q::kBatch; ++i) {
     const int u = static_cast<int>(threadIdx.x) + (first + i) * kThreads;
     if (first + i >= Q::kPerThread || u >= Q::kUnits) continue;
+    if constexpr (Cfg::kRawE4m3) {
+      const int row = u / Q::kChunks, group = u % Q::kChunks;
+      uint4 lo, hi;
+      raw_e4m3_dim_order(raw[i], lo, hi);
+      *reinterpret_cast<uint4*>(dst + Cfg::operand_offset(row, 2 * group)) = lo;
+      *reinterpret_cast<uint4*>(dst + Cfg::operand_offset(row, 2 * group + 1)) = hi;
+      continue;
+    }
     uint4 value;
-    if constexpr (Cfg::kE4m3Scores) {
-      value = raw[i];  // the scores read q's e4m3 bytes as they are
-    } else if (p.q_dtype == RuntimeDType::kFp8E4m3) {
+    if (p.q_dtype == RuntimeDType::kFp8E4m3) {
       value = make_uint4(Elem::from_e4m3x2(static_cast<uint16_t>(raw[i].x)),
                          Elem::from_e4m3x2(static_cast<uint16_t>(raw[i].x >> 16)),
                          Elem::from_e4m3x2(static_cast<uint16_t>(raw[i].y)),
@@ -212,7 +235,7 @@ __device__ __forceinline__ void store_q_batch(const DecodeKernelParams& p, int f
 template <class Cfg>
 __device__ __forceinline__ void load_q_tile_slow(const DecodeKernelParams& p, const WorkItem& w,
                                                  uint8_t* dst) {
-  static_assert(!Cfg::kE4m3Scores, "e4m3 scores take q_fetchable q only");
+  static_assert(!Cfg::kRawE4m3, "raw e4m3 tiles take q_fetchable q only");
 #pragma unroll 1
   for (int u = threadIdx.x; u < QTile<Cfg>::kUnits; u += kThreads) {
     const int r = u / kRowChunks, c = u % kRowChunks;
@@ -234,7 +257,7 @@ template <class Cfg>
 __device__ __forceinline__ void load_q_tile(const DecodeKernelParams& p, const WorkItem& w,
                                             uint8_t* dst) {
   using Q = QTile<Cfg>;
-  if constexpr (!Cfg::kE4m3Scores) {
+  if constexpr (!Cfg::kRawE4m3) {
     if (!q_fetchable(p)) {
       load_q_tile_slow<Cfg>(p, w, dst);
       return;

@@ -1,16 +1,20 @@
 // The two products of the mma.sync decode kernel (kernel.cuh) for an fp8 q over an fp8_e4m3 cache
-// (Config<rows, kFp8E4m3, E4m3Mma>): the tile is read as raw e4m3 bytes in place, nothing is
-// converted in shared memory (docs/kernels/decode_sm90.md, "e4m3 scores").
-//   scores  S = q K^T on the m16n8k32 e4m3 MMA: ldmatrix hands each lane 4 consecutive bytes of a
-//           row, which is exactly the e4m3 A / B fragment (k = 4 t .. 4 t + 3), so q and K go to
-//           the tensor cores as stored (half the MMAs of the 16-bit path);
+// (Config<rows, kFp8E4m3, RawE4m3Mma>): the raw tile is read in place (e4m3_swizzled) and each warp
+// converts the fragments it loads in registers (e4m3 -> f16 is exact), so no tile is converted in
+// shared memory and no barrier waits for a conversion (docs/kernels/decode_sm90.md, "raw e4m3").
+//   scores  S = q K^T in f16: ldmatrix of raw K rows hands lane (g, t) the bytes of dims 4 t ..
+//           4 t + 3 of a 16-dim chunk of key g; converted, they are the B fragments b0 = dims (4 t,
+//           4 t + 1), b1 = dims (4 t + 2, 4 t + 3), i.e. the MMA's k slots (2 t, 2 t + 1) and (2 t
+//           + 8, 2 t + 9) hold those dims. q is stored in the same order (raw_e4m3_dim_order,
+//           kernel_common.cuh), so the sums are over matching dims;
 //   values  O += P V in f16: a transposed ldmatrix of 8 keys x 16 e4m3 columns gives lane (g, t)
 //           the bytes V[2t][2g], V[2t][2g + 1], V[2t + 1][2g], V[2t + 1][2g + 1]; one byte permute
-//           pairs them by column, and one conversion each gives the f16 B fragments (keys 2t, 2t +
-//           1) of column 2g and of column 2g + 1. So an n8 MMA tile holds the even (or odd) columns
+//           pairs them by column, and one conversion each gives the B fragments (keys 2t, 2t + 1)
+//           of column 2g and of column 2g + 1. So an n8 MMA tile holds the even (or odd) columns
 //           of a 16-column chunk, and a lane's two tiles of a chunk hold its 4 consecutive columns
 //           16 c + 4 t .. 16 c + 4 t + 3 (value_pair_column).
-// Each warp converts only the 64 columns it owns, each value once per tile.
+// Each warp converts the keys of its scores and the 64 value columns it owns: 16 rows convert each
+// K value once for the scores, 64 rows four times (four row groups share a key group).
 #pragma once
 
 #include <cstdint>
@@ -20,42 +24,50 @@
 
 namespace mlakit::cuda::decode_sm90 {
 
-// acc[chain][n8 tile][4] += q rows of this warp's row group x keys of its key group, over the raw
-// e4m3 q (registers for 16 rows, else shared memory at q_base) and K tile (k_base).
+// The f16 B fragments (b0, b1) of one 16-dim chunk from a raw ldmatrix register (4 e4m3 dims).
+__device__ __forceinline__ void e4m3_key_pairs(uint32_t v, uint32_t& b0, uint32_t& b1) {
+  b0 = e4m3x2_to_f16x2(static_cast<uint16_t>(v));
+  b1 = e4m3x2_to_f16x2(static_cast<uint16_t>(v >> 16));
+}
+
+// acc[chain][n8 tile][4] += q rows of this warp's row group x keys of its key group: q in f16 in
+// raw_e4m3_dim_order (A fragments in registers for 16 rows, else shared memory at q_base), K raw.
 template <class Cfg, class QFrags>
-__device__ __forceinline__ void compute_scores_e4m3(
+__device__ __forceinline__ void compute_scores_raw_e4m3(
     const QFrags& q_frags, uint32_t q_base, uint32_t k_base, int row_group, int key_group,
     float (&acc)[Cfg::kScoreChains][Cfg::kScoreTiles][4]) {
-  static_assert(Cfg::kE4m3Scores, "raw e4m3 operands");
+  static_assert(Cfg::kRawE4m3, "raw e4m3 tiles");
+  using Elem = typename Cfg::Element;
   const int lane = threadIdx.x & 31;
   if constexpr (Cfg::kQInRegisters) {
-    // One n8 tile: ldmatrix.x4 gives the B fragments of two k32 steps (matrices = chunks 4 kp +
-    // 0..3 of the same 8 keys; chunk pairs are a k32 step's b0, b1).
+    // One n8 tile: ldmatrix.x4 gives chunks 4 kp + 0..3 of the same 8 keys (one k16 step each).
     const int key = key_group * Cfg::kKeysPerWarp + (lane & 7);
 #pragma unroll
-    for (int kp = 0; kp < Cfg::kQSteps / 2; ++kp) {
-      uint32_t b[4];
-      ldmatrix_x4(b, k_base + Cfg::operand_offset(key, 4 * kp + (lane >> 3)));
-      E4m3Mma::mma_e4m3(acc[0][0], q_frags[2 * kp], b[0], b[1]);
-      E4m3Mma::mma_e4m3(acc[1][0], q_frags[2 * kp + 1], b[2], b[3]);
+    for (int kp = 0; kp < kDimQK / 64; ++kp) {
+      uint32_t v[4];
+      ldmatrix_x4(v, k_base + Cfg::raw_offset(key, 4 * kp + (lane >> 3)));
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        uint32_t b0, b1;
+        e4m3_key_pairs(v[i], b0, b1);
+        Elem::mma(acc[i % 2][0], q_frags[4 * kp + i], b0, b1);
+      }
     }
   } else {
-    // A from shared memory (matrices = rows +0 / +8 of chunk 2 ks, then of chunk 2 ks + 1);
-    // ldmatrix.x4 gives the B fragments of two n8 tiles of one k32 step (matrices = keys +0
-    // chunks 2 ks, 2 ks + 1, then keys +8).
+    // A from shared memory; ldmatrix.x4 gives chunk ks of 4 x 8 keys (the warp's 4 n8 tiles).
+    static_assert(Cfg::kScoreTiles == 4, "one x4 load covers the warp's 32 keys");
     const int q_row = row_group * 16 + (lane & 15);
-    const int key_in_pair = ((lane >> 4) << 3) + (lane & 7);
-#pragma unroll 2
-    for (int ks = 0; ks < Cfg::kQSteps; ++ks) {
-      uint32_t a[4];
+    const int key = key_group * Cfg::kKeysPerWarp + lane;
+#pragma unroll 4
+    for (int ks = 0; ks < kDimQK / 16; ++ks) {
+      uint32_t a[4], v[4];
       ldmatrix_x4(a, q_base + Cfg::operand_offset(q_row, 2 * ks + (lane >> 4)));
+      ldmatrix_x4(v, k_base + Cfg::raw_offset(key, ks));
 #pragma unroll
-      for (int np = 0; np < Cfg::kScoreTiles / 2; ++np) {
-        const int key = key_group * Cfg::kKeysPerWarp + np * 16 + key_in_pair;
-        uint32_t b[4];
-        ldmatrix_x4(b, k_base + Cfg::operand_offset(key, 2 * ks + ((lane >> 3) & 1)));
-        E4m3Mma::mma_e4m3(acc[0][2 * np], a, b[0], b[1]);
-        E4m3Mma::mma_e4m3(acc[0][2 * np + 1], a, b[2], b[3]);
+      for (int nt = 0; nt < 4; ++nt) {
+        uint32_t b0, b1;
+        e4m3_key_pairs(v[nt], b0, b1);
+        Elem::mma(acc[0][nt], a, b0, b1);
       }
     }
   }
@@ -73,9 +85,10 @@ __device__ __forceinline__ void e4m3_value_pairs(uint32_t v, uint32_t& even, uin
 // o[m16 tile][n8 tile][4] += P (kBlockM x 64, shared, f16) x V columns [64 warp, 64 warp + 64) of
 // the raw e4m3 tile at v_base. n8 tile 2 c + e holds columns 16 c + 2 j + e (j < 8) of the slab.
 template <class Cfg>
-__device__ __forceinline__ void accumulate_values_e4m3(
+__device__ __forceinline__ void accumulate_values_raw_e4m3(
     uint32_t p_base, uint32_t v_base, int warp, float (&o)[Cfg::kRowTiles][Cfg::kColTiles][4]) {
-  static_assert(Cfg::kE4m3Scores && Cfg::kColTiles == 8, "4 chunks of 16 e4m3 columns per warp");
+  static_assert(Cfg::kRawE4m3 && Cfg::kColTiles == 8, "4 chunks of 16 e4m3 columns per warp");
+  using Elem = typename Cfg::Element;
   const int lane = threadIdx.x & 31;
   constexpr int kChunks = Cfg::kColsPerWarp / 16;  // 16-column chunks of the warp's slab
 #pragma unroll
@@ -91,8 +104,7 @@ __device__ __forceinline__ void accumulate_values_e4m3(
 #pragma unroll
     for (int cp = 0; cp < kChunks / 2; ++cp) {
       uint32_t v[4];
-      ldmatrix_x4_trans(v,
-                        v_base + Cfg::operand_offset(key, warp * kChunks + 2 * cp + (lane >> 4)));
+      ldmatrix_x4_trans(v, v_base + Cfg::raw_offset(key, warp * kChunks + 2 * cp + (lane >> 4)));
 #pragma unroll
       for (int half = 0; half < 2; ++half) {
         const int c = 2 * cp + half;
@@ -101,8 +113,8 @@ __device__ __forceinline__ void accumulate_values_e4m3(
         e4m3_value_pairs(v[2 * half + 1], even1, odd1);
 #pragma unroll
         for (int mt = 0; mt < Cfg::kRowTiles; ++mt) {
-          E4m3Mma::mma(o[mt][2 * c], a[mt], even0, even1);
-          E4m3Mma::mma(o[mt][2 * c + 1], a[mt], odd0, odd1);
+          Elem::mma(o[mt][2 * c], a[mt], even0, even1);
+          Elem::mma(o[mt][2 * c + 1], a[mt], odd0, odd1);
         }
       }
     }

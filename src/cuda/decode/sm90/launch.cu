@@ -211,8 +211,8 @@ void launch_for_rows(const LaunchPlan& plan, cudaStream_t stream) {
 template <CacheFormat kFormat>
 void launch_for_format(const LaunchPlan& plan, cudaStream_t stream) {
   if constexpr (kFormat == CacheFormat::kFp8E4m3) {
-    if (plan.e4m3_scores) {
-      launch_for_rows<kFormat, E4m3Mma>(plan, stream);
+    if (plan.raw_e4m3) {
+      launch_for_rows<kFormat, RawE4m3Mma>(plan, stream);
       return;
     }
   }
@@ -248,8 +248,8 @@ LaunchPlan plan_launch(const DecodeProblem& problem, const DecodeSchedule& sched
     case KvCacheDType::kFp8E4m3:
       plan.format = CacheFormat::kFp8E4m3;
       plan.bf16_mma = problem.q.dtype == DType::kBF16 || problem.q.dtype == DType::kF32;
-      // An fp8 q in 16-byte rows multiplies the raw cache on e4m3 tensor cores (kernel_e4m3.cuh).
-      plan.e4m3_scores =
+      // An fp8 q in 16-byte rows: the raw tiles are read in place (kernel_e4m3.cuh).
+      plan.raw_e4m3 =
           plan.decode.q_dtype == RuntimeDType::kFp8E4m3 && plan.decode.q_rows_16b_aligned;
       break;
     case KvCacheDType::kFp8DsMla:

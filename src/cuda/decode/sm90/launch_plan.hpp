@@ -20,7 +20,7 @@ struct LaunchPlan {
   CombineParams combine;  // used when combine_ctas > 0
   CacheFormat format;
   bool bf16_mma = true;      // MMA element type: bf16, else f16
-  bool e4m3_scores = false;  // fp8 q over fp8_e4m3: E4m3Mma (e4m3 scores, f16 values)
+  bool raw_e4m3 = false;     // fp8 q over fp8_e4m3: RawE4m3Mma (f16 MMAs on the raw tiles)
   int rows_per_cta = 16;     // 16 or 64 (tile_shape.hpp)
   int64_t decode_ctas = 0;   // 1-D grid of the decode kernel (parts x row tiles); 0: nothing to do
   int64_t combine_ctas = 0;  // 1-D grid of the combine (combine.cuh); 0: no combine

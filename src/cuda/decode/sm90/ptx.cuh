@@ -1,6 +1,5 @@
 // PTX wrappers the sm90 decode is built from: cp.async copies, ldmatrix fragment loads, the
-// m16n8k16 tensor-core MMA in bf16 and f16, the m16n8k32 MMA in e4m3, ex2, byte permutes and fp8
-// e4m3 -> 16-bit conversion.
+// m16n8k16 tensor-core MMA in bf16 and f16, ex2, byte permutes and fp8 e4m3 -> 16-bit conversion.
 //
 // A classic include guard instead of #pragma once: tests/cuda/decode_emulated_test.cpp defines it
 // and supplies host versions of these functions, to run the kernel source on the CPU.
@@ -119,20 +118,11 @@ struct F16Mma {
   }
 };
 
-// e4m3 scores over a raw fp8 cache with an fp8 q (kernel_e4m3.cuh): S = q K^T on the m16n8k32
-// e4m3 MMA (exact products, f32 sums), O += P V in f16 (P rounded to f16, V's e4m3 values exact
-// in f16), so `pack` and `mma` are F16Mma's.
-struct E4m3Mma : F16Mma {
-  // d += a (16 x 32 e4m3: a0 = row g, k 4t..4t+3; a1 = row g+8; a2, a3 = k + 16) x b (32 x 8:
-  // b0 = k 4t..4t+3 of column g, b1 = k + 16); g = lane / 4, t = lane % 4, bytes lowest k first.
-  __device__ __forceinline__ static void mma_e4m3(float (&d)[4], const uint32_t (&a)[4],
-                                                  uint32_t b0, uint32_t b1) {
-    asm("mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
-        "{%8, %9}, {%0, %1, %2, %3};\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-  }
-};
+// f16 MMAs fed straight from raw fp8_e4m3 tiles (kernel_e4m3.cuh): an fp8 q is converted once per
+// segment, and each warp converts the K and V fragments it loads in registers. (sm_90 has no
+// native e4m3 mma.sync: the m16n8k32 e4m3 form compiles to a conversion of both operands per MMA
+// plus two f16 MMAs.)
+struct RawE4m3Mma : F16Mma {};
 
 }  // namespace mlakit::cuda::decode_sm90
 

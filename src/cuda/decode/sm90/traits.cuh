@@ -11,7 +11,7 @@
 
 namespace mlakit::cuda::decode_sm90 {
 
-struct E4m3Mma;  // ptx.cuh: the element of e4m3 scores (an fp8 q over fp8_e4m3)
+struct RawE4m3Mma;  // ptx.cuh: f16 MMAs over raw fp8_e4m3 tiles (an fp8 q)
 
 inline constexpr int kDimQK = 576;  // L + R = 512 + 64: the q / K width (the only one supported)
 inline constexpr int kDimV = 512;   // L: the V width (V = K[:, 0:512])
@@ -41,7 +41,7 @@ __host__ __device__ constexpr uint32_t swizzled(int row, int chunk) {
   return static_cast<uint32_t>(row * kRowBytes + ((chunk ^ (row & 7)) << 4));
 }
 
-// Byte offset of 16-byte chunk `chunk` of row `row` in a tile of raw e4m3 rows (576 bytes, 36
+// Byte offset of 16-byte chunk `chunk` of key `row` in a tile of raw e4m3 rows (576 bytes, 36
 // chunks: not whole 128-byte groups). Chunks are XOR-permuted within aligned groups of 4 by
 // (row / 2) % 4: an ldmatrix phase (same chunk of 8 consecutive rows) then meets 8 different
 // 16-byte bank groups, since odd rows start half a 128-byte line (4 chunks) later.
@@ -80,14 +80,12 @@ struct Config : TileCopy<kFormat_> {
   using Copy::kFormat;
   using Copy::kRawEntry;
   using Copy::kRawTileBytes;
-  using Element = Element_;                 // Bf16Mma, F16Mma or E4m3Mma
+  using Element = Element_;                 // Bf16Mma, F16Mma or RawE4m3Mma
   static constexpr int kBlockM = kBlockM_;  // query rows per CTA
-  // An fp8 q over an fp8_e4m3 cache (kernel_e4m3.cuh): the scores run on the raw e4m3 bytes and
-  // each warp converts the values it reads in registers, so no tile is converted in shared memory.
-  static constexpr bool kE4m3Scores = std::is_same_v<Element, E4m3Mma>;
-  static constexpr bool kConvert = Copy::kConvert && !kE4m3Scores;     // a conversion pass per tile
-  static constexpr int kQRowBytes = kE4m3Scores ? kDimQK : kRowBytes;  // a q row in shared memory
-  static constexpr int kQSteps = kDimQK / (kE4m3Scores ? 32 : 16);     // MMA k steps of the scores
+  // An fp8 q over an fp8_e4m3 cache (kernel_e4m3.cuh): the raw tile is read in place and each warp
+  // converts the K and V fragments it loads in registers; no tile is converted in shared memory.
+  static constexpr bool kRawE4m3 = std::is_same_v<Element, RawE4m3Mma>;
+  static constexpr bool kConvert = Copy::kConvert && !kRawE4m3;  // a conversion pass per tile
   // With 16 rows every warp needs all of q for its scores; holding q's 36 A fragments in registers
   // (144 per thread) saves re-reading 18 KiB of shared memory per warp per tile. With 64 rows the
   // O accumulator takes 128 registers per thread and q stays in shared memory.
@@ -108,7 +106,7 @@ struct Config : TileCopy<kFormat_> {
 
   // ---- Shared memory plan (byte offsets; every region 128-byte aligned).
   static constexpr int kConvBytes = kConvert ? kTileBytes : 0;  // converted 16-bit tile
-  static constexpr int kQBytes = kQInRegisters ? 0 : kBlockM * kQRowBytes;
+  static constexpr int kQBytes = kQInRegisters ? 0 : kBlockM * kRowBytes;
   static constexpr int kPBytes = kBlockM * kPRowBytes;
   static constexpr int kRowStatBytes = align128(kBlockM * 4);
   static constexpr int kKeyGroupStatBytes = align128(kKeyGroups * kBlockM * 4);
@@ -119,7 +117,7 @@ struct Config : TileCopy<kFormat_> {
 
   static constexpr int kRawOffset = 0;  // [kStages][kRawTileBytes]
   static constexpr int kConvOffset = kRawOffset + kStages * align128(kRawTileBytes);
-  static constexpr int kQOffset = kConvOffset + kConvBytes;  // [kBlockM][kQRowBytes] swizzled
+  static constexpr int kQOffset = kConvOffset + kConvBytes;  // [kBlockM][1152] swizzled
   static constexpr int kPOffset = kQOffset + kQBytes;        // [kBlockM][128] swizzled
   static constexpr int kRowMaxOffset = kPOffset + kPBytes;   // f32 [kKeyGroups][kBlockM]
   static constexpr int kRowSumOffset = kRowMaxOffset + kKeyGroupStatBytes;  // same shape
@@ -140,25 +138,23 @@ struct Config : TileCopy<kFormat_> {
   static_assert(kQInRegisters == (kScoreTiles == 1), "q-in-registers path loads one n8 tile");
   static_assert(kTilesAhead >= 1, "at least one tile must be in flight during compute");
   static_assert(kConvert || kStages >= 2, "native tiles need a second stage to copy into");
-  static_assert(kConvert || !kQInRegisters || kBlockM * kQRowBytes <= kRawTileBytes,
+  static_assert(kConvert || !kQInRegisters || kBlockM * kRowBytes <= kRawTileBytes,
                 "q is staged in the last ring stage before it moves to registers");
-  static_assert(!kE4m3Scores || kFormat == CacheFormat::kFp8E4m3, "e4m3 scores read fp8_e4m3");
+  static_assert(!kRawE4m3 || kFormat == CacheFormat::kFp8E4m3, "raw e4m3 tiles are fp8_e4m3");
   static_assert(kSmemBytes <= kSmemLimit, "shared-memory plan exceeds 227 KiB");
 
-  // Byte offset of 16-byte chunk `chunk` of row `row` in a q or K tile (ldmatrix operands): 16-bit
-  // rows, or raw e4m3 rows with e4m3 scores.
+  // Byte offset of 16-byte chunk `chunk` of row `row` in a q or 16-bit K tile (ldmatrix operands).
   __host__ __device__ static constexpr uint32_t operand_offset(int row, int chunk) {
-    if constexpr (kE4m3Scores) {
-      return e4m3_swizzled(row, chunk);
-    } else {
-      return swizzled<kRowBytes>(row, chunk);
-    }
+    return swizzled<kRowBytes>(row, chunk);
   }
-  // Byte offset of chunk `chunk` of key `key` in a raw ring stage: read in place (the operand
-  // layout) unless converted; converted stages are plain rows that only the conversion reads.
+  // Byte offset of chunk `chunk` of key `key` in a raw ring stage: native tiles are the MMA
+  // operand, raw e4m3 tiles are read in place with their own swizzle, converted stages are plain
+  // rows that only the conversion reads.
   __host__ __device__ static constexpr uint32_t raw_offset(int key, int chunk) {
     if constexpr (kConvert) {
       return static_cast<uint32_t>(key * kRawEntry + chunk * 16);
+    } else if constexpr (kRawE4m3) {
+      return e4m3_swizzled(key, chunk);
     } else {
       return operand_offset(key, chunk);
     }
