@@ -291,7 +291,8 @@ __device__ __forceinline__ void decode_segment(const DecodeKernelParams& p, cons
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         float v = acc[0][nt][e];
-        if constexpr (Cfg::kScoreChains == 2) v += acc[1][nt][e];
+#pragma unroll
+        for (int c = 1; c < Cfg::kScoreChains; ++c) v += acc[c][nt][e];
         const int pos = tile_start + key_group * Cfg::kKeysPerWarp + nt * 8 + 2 * tq + (e & 1);
         v = pos < row_end[e >> 1] ? v * p.score_scale_log2 : -INFINITY;
         s[nt][e] = v;

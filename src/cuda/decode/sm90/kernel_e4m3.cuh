@@ -50,7 +50,7 @@ __device__ __forceinline__ void compute_scores_raw_e4m3(
       for (int i = 0; i < 4; ++i) {
         uint32_t b0, b1;
         e4m3_key_pairs(v[i], b0, b1);
-        Elem::mma(acc[i % 2][0], q_frags[4 * kp + i], b0, b1);
+        Elem::mma(acc[i % Cfg::kScoreChains][0], q_frags[4 * kp + i], b0, b1);
       }
     }
   } else {

@@ -97,7 +97,9 @@ struct Config : TileCopy<kFormat_> {
   static constexpr int kKeysPerWarp = kBlockN / kKeyGroups;
   static constexpr int kScoreTiles = kKeysPerWarp / 8;  // n8 MMA tiles per warp
   // One n8 tile is a chain of 36 dependent MMAs; two accumulators (even / odd k) halve its latency.
-  static constexpr int kScoreChains = kScoreTiles == 1 ? 2 : 1;
+  // Raw e4m3 tiles put a conversion before each MMA of the chain: four accumulators (k step mod 4)
+  // keep four chains in flight.
+  static constexpr int kScoreChains = kScoreTiles > 1 ? 1 : kRawE4m3 ? 4 : 2;
 
   // ---- O += P V: warp w owns columns [64 w, 64 w + 64) of all kBlockM rows, so V is read once.
   static constexpr int kColsPerWarp = kDimV / kWarps;  // 64
