@@ -114,7 +114,8 @@ __device__ __forceinline__ void barrier_sync(DecodeBarrier b, int stage) {
 // a tile, one box of `box_slots` keys per column block of 64 values (kBlockBytes bytes: 128 for
 // 16-bit caches, 64 for e4m3), into ring stage tile % kStages of `stages`, announced on the stage's
 // mbarrier (`full_barrier` + 8 per stage). `pages`: the page ids of the next tile to issue (-1: not
-// read), kept by the issuing thread.
+// read), kept by the issuing thread; `slots` keys per box (box_slots) and `boxes` pages per tile,
+// computed once per segment (a division).
 template <int kStages, int kTileBytes, int kBlockBytes>
 struct TileTma {
   static constexpr int kColumnBlocks = kDimQK / 64;
@@ -125,10 +126,9 @@ struct TileTma {
     return p.block_size < kBlockN ? p.block_size : kBlockN;
   }
   // The page ids of tile `tile` (pages past cta_end are not looked up).
-  __device__ static void lookup(const DecodeKernelParams& p, const WorkItem& w, int tile,
-                                int (&pages)[kMaxPagesPerTile]) {
-    const int slots = box_slots(p);
-    for (int i = 0; i < kBlockN / slots; ++i) {
+  __device__ static void lookup(const DecodeKernelParams& p, const WorkItem& w, int tile, int slots,
+                                int boxes, int (&pages)[kMaxPagesPerTile]) {
+    for (int i = 0; i < boxes; ++i) {
       const int pos = w.key_begin + tile * kBlockN + i * slots;
       pages[i] = pos < w.cta_end ? p.block_table[w.batch_index * p.block_table_stride_batch +
                                                  fast_divmod(pos, p.block_size_div).quotient *
@@ -140,8 +140,8 @@ struct TileTma {
   // block id outside the cache sets `bad` and is not read (the CTA's rows become NaN).
   __device__ static void issue(const DecodeKernelParams& p, const WorkItem& w,
                                const CUtensorMap& map, uint8_t* stages, uint32_t full_barrier,
-                               int tile, int (&pages)[kMaxPagesPerTile], bool& bad) {
-    const int slots = box_slots(p), boxes = kBlockN / slots;
+                               int tile, int slots, int boxes, int (&pages)[kMaxPagesPerTile],
+                               bool& bad) {
     const uint32_t mbar = full_barrier + 8 * (tile % kStages);
     const uint32_t dst = smem_addr(stages + (tile % kStages) * kTileBytes);
     uint32_t bytes = 0;
@@ -167,7 +167,7 @@ struct TileTma {
                     slot, pages[i]);
       }
     }
-    if (tile + 1 < w.num_tiles) lookup(p, w, tile + 1, pages);
+    if (tile + 1 < w.num_tiles) lookup(p, w, tile + 1, slots, boxes, pages);
   }
 };
 
@@ -266,12 +266,14 @@ __device__ __forceinline__ void decode_segment_wgmma(const DecodeKernelParams& p
   using Tma = TileTma<Cfg::kStages, kTileBytes, kSwizzleBytes>;
   const bool producer = tid == kCopyWarpgroup * kWarpgroupThreads;
   int next_pages[kMaxPagesPerTile];  // producer: page ids of the next tile to copy
+  const int box_slots = Tma::box_slots(p), boxes = kBlockN / box_slots;
   auto issue_tile = [&](int tile) {
-    Tma::issue(p, w, cache_map, smem + Cfg::kStageOffset, full_barrier, tile, next_pages, bad);
+    Tma::issue(p, w, cache_map, smem + Cfg::kStageOffset, full_barrier, tile, box_slots, boxes,
+               next_pages, bad);
   };
   if (w.num_tiles > 0) {
     if (producer) {
-      Tma::lookup(p, w, 0, next_pages);
+      Tma::lookup(p, w, 0, box_slots, boxes, next_pages);
       for (int t = 0; t < Cfg::kStages && t < w.num_tiles; ++t) issue_tile(t);
     }
     load_q_tile<Cfg>(p, w, smem + Cfg::kQOffset);

@@ -1,8 +1,9 @@
 // The sm90 wgmma decode for an fp8 q over an fp8_e4m3 cache (docs/kernels/decode_sm90.md, "e4m3
 // wgmma"): 64 query rows per CTA (WgmmaE4m3Config). Shares the work split, q tile, TMA producer
 // and epilogue with kernel_wgmma.cuh; the products differ:
-//   scores  S = q K^T on e4m3 wgmma (m64n64k32, exact products, f32 sums) straight from the raw
-//           tile, which TMA lands K-major with the 64-byte swizzle (cache_tensor_map.hpp);
+//   scores  S = q K^T on e4m3 wgmma (m64n64k32, exact products) straight from the raw tile, which
+//           TMA lands K-major with the 64-byte swizzle (cache_tensor_map.hpp); the tensor cores'
+//           sums of 128 dims at a time are added in f32 (kScoreBlocksPerSum);
 //   values  O += P V in f16: wgmma reads B only K-major for e4m3, and V^T is the raw tile read
 //           MN-major, so the copy warpgroup converts V (512 of the 576 columns) once per tile into
 //           a 16-bit tile that both warpgroups read, as the 16-bit kernel reads its stage.
@@ -25,6 +26,28 @@ namespace mlakit::cuda::decode_sm90 {
 
 inline constexpr int kVReady = 6;  // named barriers of the e4m3 kernel (ids after kernel_wgmma's)
 inline constexpr int kVDone = 7;
+// e4m3 wgmma keeps its sums with a short mantissa (about 14 bits on H100/H200, DeepSeek-V3's
+// report; measured here: LSE errors of 7e-4 over 576 dims), so the scores are summed in f32 over
+// groups of 4 k blocks (128 dims), each group a fresh wgmma batch.
+inline constexpr int kScoreBlocksPerSum = 4;
+
+// c = a b over k blocks [k_begin, k_end) of the fragments, one wgmma batch, c overwritten.
+template <class TiledMma, class FragA, class FragB, class FragC>
+__device__ __forceinline__ void gemm_k_blocks(TiledMma& mma, const FragA& a, const FragB& b,
+                                              FragC& c, int k_begin, int k_end) {
+  using namespace cute;
+  warpgroup_fence_operand(c);
+  warpgroup_arrive();
+  mma.accumulate_ = GMMA::ScaleOut::Zero;
+  CUTE_UNROLL
+  for (int k = k_begin; k < k_end; ++k) {
+    cute::gemm(mma, a(_, _, k), b(_, _, k), c);
+    mma.accumulate_ = GMMA::ScaleOut::One;
+  }
+  warpgroup_commit_batch();
+  warpgroup_wait<0>();
+  warpgroup_fence_operand(c);
+}
 
 // raw [64 keys][576] e4m3 (SW64) -> v16 [64 keys][512] f16 (SW128), keys >= valid_keys zero (their
 // cache slots may hold anything; P = 0 would still turn a NaN into NaN). Run by the 128 threads of
@@ -119,12 +142,14 @@ __device__ __forceinline__ void decode_segment_wgmma_e4m3(const DecodeKernelPara
   using Tma = TileTma<Cfg::kStages, Cfg::kRawTileBytes, kSwizzle64Bytes>;
   const bool producer = tid == kCopyWarpgroup * kWarpgroupThreads;
   int next_pages[kMaxPagesPerTile];  // producer: page ids of the next tile to copy
+  const int box_slots = Tma::box_slots(p), boxes = kBlockN / box_slots;
   auto issue_tile = [&](int tile) {
-    Tma::issue(p, w, cache_map, smem + Cfg::kStageOffset, full_barrier, tile, next_pages, bad);
+    Tma::issue(p, w, cache_map, smem + Cfg::kStageOffset, full_barrier, tile, box_slots, boxes,
+               next_pages, bad);
   };
   if (w.num_tiles > 0) {
     if (producer) {
-      Tma::lookup(p, w, 0, next_pages);
+      Tma::lookup(p, w, 0, box_slots, boxes, next_pages);
       for (int t = 0; t < Cfg::kStages && t < w.num_tiles; ++t) issue_tile(t);
     }
     load_q_tile<Cfg>(p, w, smem + Cfg::kQOffset);  // e4m3 bytes as stored (kQRaw)
@@ -140,6 +165,7 @@ __device__ __forceinline__ void decode_segment_wgmma_e4m3(const DecodeKernelPara
     const auto q_desc =  // (MMA, 1, 18 k blocks)
         thr_s.partition_fragment_A(make_tensor(smem_8(smem + Cfg::kQOffset), Operand8{}));
     auto acc_s = partition_fragment_C(mma_s, Shape<typename L::Rows, typename L::Keys>{});  // 32
+    auto acc_part = partition_fragment_C(mma_s, Shape<typename L::Rows, typename L::Keys>{});
     auto s = rows_by_columns(acc_s);
     const auto s_coord = rows_by_columns(
         thr_s.partition_C(make_identity_tensor(Shape<typename L::Rows, typename L::Keys>{})));
@@ -156,7 +182,15 @@ __device__ __forceinline__ void decode_segment_wgmma_e4m3(const DecodeKernelPara
       wait_tile(t);
       const int tile_start = w.key_begin + t * kBlockN;
       const auto k_desc = thr_s.partition_fragment_B(make_tensor(smem_8(stage(t)), Operand8{}));
-      warpgroup_gemm(mma_s, q_desc, k_desc, acc_s, false);
+      constexpr int kBlocks = decltype(size<2>(q_desc))::value;  // 18 k blocks of 32
+      gemm_k_blocks(mma_s, q_desc, k_desc, acc_s, 0, kScoreBlocksPerSum);
+      CUTE_UNROLL
+      for (int k = kScoreBlocksPerSum; k < kBlocks; k += kScoreBlocksPerSum) {
+        const int k_end = k + kScoreBlocksPerSum < kBlocks ? k + kScoreBlocksPerSum : kBlocks;
+        gemm_k_blocks(mma_s, q_desc, k_desc, acc_part, k, k_end);
+        CUTE_UNROLL
+        for (int i = 0; i < size(acc_s); ++i) acc_s(i) += acc_part(i);
+      }
 
       const auto sP = make_tensor(smem_h(p_tile(t)), typename L::P{});
       float* alpha_t = alpha_of + (t % Cfg::kPStages) * Cfg::kBlockM;
