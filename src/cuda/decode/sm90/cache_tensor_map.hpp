@@ -1,8 +1,7 @@
-// The TMA description of a paged latent cache for the wgmma decode kernels' copies
-// (kernel_wgmma.cuh, kernel_wgmma_e4m3.cuh): a 3-D tensor (576 values, block_size slots,
-// num_blocks pages), innermost first, read in boxes of 64 values x min(block_size, 64) slots of
-// one page, swizzled as the wgmma operand layout (traits_wgmma.cuh): 16-bit values with the
-// 128-byte swizzle, e4m3 bytes with the 64-byte one.
+// The TMA description of a native 16-bit paged latent cache, for the wgmma decode kernel's copies
+// (kernel_wgmma.cuh): a 3-D tensor (576 values, block_size slots, num_blocks pages), innermost
+// first, read in boxes of 64 values x min(block_size, 64) slots of one page, 128-byte swizzled (the
+// wgmma operand layout, traits_wgmma.cuh).
 #pragma once
 
 #include <cuda.h>
@@ -20,8 +19,8 @@ inline int cache_box_slots(int block_size) { return block_size < 64 ? block_size
 // runs the mma.sync kernel, which copies key by key.
 bool cache_tensor_map_supported(const DecodeKernelParams& p);
 
-// Builds the map (host; a driver call) for values of `value_bytes` (2: bf16/f16, 1: e4m3).
-// Requires cache_tensor_map_supported(p); throws mlakit::Error(kBackend) if the driver refuses it.
-CUtensorMap make_cache_tensor_map(const DecodeKernelParams& p, int value_bytes);
+// Builds the map (host; a driver call). Requires cache_tensor_map_supported(p); throws
+// mlakit::Error(kBackend) if the driver refuses it.
+CUtensorMap make_cache_tensor_map(const DecodeKernelParams& p);
 
 }  // namespace mlakit::cuda::decode_sm90

@@ -130,13 +130,12 @@ __device__ __forceinline__ uint4 load_q8(const DecodeKernelParams& p, int64_t of
 }
 
 // A q tile, rows [row0, row0 + kBlockM) of request b, is kUnits units: a 16-byte unit of the
-// operand layout (8 elements in the MMA element type), or 16 e4m3 values, stored as they are
-// (kQRaw: e4m3 wgmma scores) or as two 16-bit units over raw e4m3 tiles (16 dims in
-// raw_e4m3_dim_order). Thread t handles units t + i * kThreads.
+// operand layout (8 elements in the MMA element type), or, over raw e4m3 tiles, 16 e4m3 values
+// that become two such units (16 dims in raw_e4m3_dim_order). Thread t handles units t + i *
+// kThreads.
 template <class Cfg>
 struct QTile {
-  static constexpr bool kE4m3Units = Cfg::kRawE4m3 || Cfg::kQRaw;        // 16 e4m3 values per unit
-  static constexpr int kChunks = kE4m3Units ? kDimQK / 16 : kRowChunks;  // units per row
+  static constexpr int kChunks = Cfg::kRawE4m3 ? kDimQK / 16 : kRowChunks;  // units per row
   static constexpr int kUnits = Cfg::kBlockM * kChunks;
   static constexpr int kPerThread = (kUnits + kThreads - 1) / kThreads;  // 5 / 18 (raw: 3 / 9)
   // Units fetched before any is stored: 6 x 16 bytes = 24 registers in flight per thread, so 16
@@ -183,8 +182,8 @@ __device__ __forceinline__ void fetch_q_batch(const DecodeKernelParams& p, const
       const DivMod jn = fast_divmod(row, p.heads_div);  // (query, head)
       const int64_t offset = w.batch_index * p.q_stride_batch + jn.quotient * p.q_stride_query +
                              jn.remainder * p.q_stride_head +
-                             (u % Q::kChunks) * (Q::kE4m3Units ? 16 : 8);
-      if constexpr (Q::kE4m3Units) {
+                             (u % Q::kChunks) * (Cfg::kRawE4m3 ? 16 : 8);
+      if constexpr (Cfg::kRawE4m3) {
         raw[i] = __ldg(reinterpret_cast<const uint4*>(static_cast<const uint8_t*>(p.q) + offset));
       } else if (p.q_dtype == RuntimeDType::kFp8E4m3) {
         const uint2 v =
@@ -209,10 +208,7 @@ __device__ __forceinline__ void store_q_batch(const DecodeKernelParams& p, int f
   for (int i = 0; i < Q::kBatch; ++i) {
     const int u = static_cast<int>(threadIdx.x) + (first + i) * kThreads;
     if (first + i >= Q::kPerThread || u >= Q::kUnits) continue;
-    if constexpr (Cfg::kQRaw) {
-      *reinterpret_cast<uint4*>(dst + Cfg::operand_offset(u / Q::kChunks, u % Q::kChunks)) = raw[i];
-      continue;
-    } else if constexpr (Cfg::kRawE4m3) {
+    if constexpr (Cfg::kRawE4m3) {
       const int row = u / Q::kChunks, group = u % Q::kChunks;
       uint4 lo, hi;
       raw_e4m3_dim_order(raw[i], lo, hi);
@@ -239,7 +235,7 @@ __device__ __forceinline__ void store_q_batch(const DecodeKernelParams& p, int f
 template <class Cfg>
 __device__ __forceinline__ void load_q_tile_slow(const DecodeKernelParams& p, const WorkItem& w,
                                                  uint8_t* dst) {
-  static_assert(!QTile<Cfg>::kE4m3Units, "e4m3 q units need q_fetchable q");
+  static_assert(!Cfg::kRawE4m3, "raw e4m3 tiles take q_fetchable q only");
 #pragma unroll 1
   for (int u = threadIdx.x; u < QTile<Cfg>::kUnits; u += kThreads) {
     const int r = u / kRowChunks, c = u % kRowChunks;
@@ -261,7 +257,7 @@ template <class Cfg>
 __device__ __forceinline__ void load_q_tile(const DecodeKernelParams& p, const WorkItem& w,
                                             uint8_t* dst) {
   using Q = QTile<Cfg>;
-  if constexpr (!Q::kE4m3Units) {
+  if constexpr (!Cfg::kRawE4m3) {
     if (!q_fetchable(p)) {
       load_q_tile_slow<Cfg>(p, w, dst);
       return;

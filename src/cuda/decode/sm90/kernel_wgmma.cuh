@@ -17,10 +17,9 @@
 //                    m64n256k16); the score warpgroup then signals STAGE_FREE(t).
 // So the score warpgroup's scores of tile t + 1 run beside the copy warpgroup's values of tile t.
 // Named barriers per stage (256 threads): P_READY (bar.sync on both sides), STAGE_FREE (bar.arrive
-// by the score side, bar.sync by the copy side). A barrier of stage s is reused two tiles later; in
-// between, the score warpgroup waits for tile t + 2, which the copy warpgroup issues only after its
-// syncs of tile t, so no arrival runs a phase ahead; the same holds for the mbarriers and the
-// alphas.
+// by the score side, bar.sync by the copy side). A barrier of stage s is reused two tiles later; in between, the score
+// warpgroup waits for tile t + 2, which the copy warpgroup issues only after its syncs of tile t,
+// so no arrival runs a phase ahead; the same holds for the mbarriers and the alphas.
 #pragma once
 
 #include <cmath>
@@ -110,107 +109,6 @@ __device__ __forceinline__ void barrier_sync(DecodeBarrier b, int stage) {
   named_barrier_sync(b + stage, kThreads);
 }
 
-// The TMA copies of a segment's key tiles, issued by one thread (cache_tensor_map.hpp): per page of
-// a tile, one box of `box_slots` keys per column block of 64 values (kBlockBytes bytes: 128 for
-// 16-bit caches, 64 for e4m3), into ring stage tile % kStages of `stages`, announced on the stage's
-// mbarrier (`full_barrier` + 8 per stage). `pages`: the page ids of the next tile to issue (-1: not
-// read), kept by the issuing thread; `slots` keys per box (box_slots) and `boxes` pages per tile,
-// computed once per segment (a division).
-template <int kStages, int kTileBytes, int kBlockBytes>
-struct TileTma {
-  static constexpr int kColumnBlocks = kDimQK / 64;
-  static constexpr int kKeyBytes = kColumnBlocks * kBlockBytes;
-
-  // Keys per box: a 64-key tile is one box of a page or 64 / block_size whole pages.
-  __device__ static int box_slots(const DecodeKernelParams& p) {
-    return p.block_size < kBlockN ? p.block_size : kBlockN;
-  }
-  // The page ids of tile `tile` (pages past cta_end are not looked up).
-  __device__ static void lookup(const DecodeKernelParams& p, const WorkItem& w, int tile, int slots,
-                                int boxes, int (&pages)[kMaxPagesPerTile]) {
-    for (int i = 0; i < boxes; ++i) {
-      const int pos = w.key_begin + tile * kBlockN + i * slots;
-      pages[i] = pos < w.cta_end ? p.block_table[w.batch_index * p.block_table_stride_batch +
-                                                 fast_divmod(pos, p.block_size_div).quotient *
-                                                     p.block_table_stride_col]
-                                 : -1;
-    }
-  }
-  // Announces tile `tile`'s bytes and issues its boxes, then looks up the next tile's pages. A
-  // block id outside the cache sets `bad` and is not read (the CTA's rows become NaN).
-  __device__ static void issue(const DecodeKernelParams& p, const WorkItem& w,
-                               const CUtensorMap& map, uint8_t* stages, uint32_t full_barrier,
-                               int tile, int slots, int boxes, int (&pages)[kMaxPagesPerTile],
-                               bool& bad) {
-    const uint32_t mbar = full_barrier + 8 * (tile % kStages);
-    const uint32_t dst = smem_addr(stages + (tile % kStages) * kTileBytes);
-    uint32_t bytes = 0;
-    for (int i = 0; i < boxes; ++i) {
-      const int pos = w.key_begin + tile * kBlockN + i * slots;
-      const int page = pages[i];
-      if (pos >= w.cta_end) continue;
-      if (page < 0 || page >= p.num_blocks) {
-        bad = true;
-        pages[i] = -1;
-        continue;
-      }
-      bytes += slots * kKeyBytes;
-    }
-    mbarrier_arrive_expect_tx(mbar, bytes);
-    for (int i = 0; i < boxes; ++i) {
-      if (pages[i] < 0) continue;
-      const int slot =
-          fast_divmod(w.key_begin + tile * kBlockN + i * slots, p.block_size_div).remainder;
-#pragma unroll
-      for (int b = 0; b < kColumnBlocks; ++b) {
-        tma_load_3d(dst + b * kBlockN * kBlockBytes + i * slots * kBlockBytes, &map, mbar, b * 64,
-                    slot, pages[i]);
-      }
-    }
-    if (tile + 1 < w.num_tiles) lookup(p, w, tile + 1, slots, boxes, pages);
-  }
-};
-
-// The end of a wgmma segment, run by all 256 threads: the score warpgroup publishes its row sums
-// and maxima (l_run, m_run of its two rows), then every thread writes its part of O's rows (o with
-// coordinates o_coord) and the score warpgroup's quad leaders the LSEs.
-template <class Frag, class Coord>
-__device__ __forceinline__ void finish_rows_wgmma(const DecodeKernelParams& p, const WorkItem& w,
-                                                  bool bad, bool scorer, const float (&l_run)[2],
-                                                  const float (&m_run)[2],
-                                                  const int (&local_row)[2], float* row_sum,
-                                                  float* row_max, const Frag& o,
-                                                  const Coord& o_coord) {
-  using namespace cute;
-  const bool quad_leader = (threadIdx.x & 3) == 0;
-  if (scorer) {
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const float l = quad_sum(l_run[h]);
-      if (quad_leader) {
-        row_sum[local_row[h]] = l;
-        row_max[local_row[h]] = m_run[h];
-      }
-    }
-  }
-  bad = cta_saw_bad_index(p, bad);  // also publishes row_sum and row_max
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    const int row = w.row0 + local_row[h];
-    if (row >= p.rows) continue;
-    const RowSink sink = finish_row(p, w, row, row_sum[local_row[h]], row_max[local_row[h]], bad,
-                                    scorer && quad_leader);
-    if (sink.base == nullptr) continue;
-    with_pair_store(sink.dtype, [&](auto store) {
-      CUTE_UNROLL
-      for (int j = 0; j < size<1>(o); j += 2) {
-        store(sink.base, sink.offset + get<1>(o_coord(h, j)), o(h, j) * sink.inv,
-              o(h, j + 1) * sink.inv);
-      }
-    });
-  }
-}
-
 // One segment of the CTA's work (make_work_item), as in kernel.cuh's decode_segment. `smem`: the
 // dynamic shared memory rounded up to kBaseAlignment. `full_phase`: bit s is the parity of the
 // next phase of stage s's mbarrier (score warpgroup; kept across segments).
@@ -262,18 +160,55 @@ __device__ __forceinline__ void decode_segment_wgmma(const DecodeKernelParams& p
     warpgroup_gemm(mma_o, p_desc, v_desc, acc_o, true);
   };
 
-  // The copy warpgroup's first thread issues the TMA copies (cache_tensor_map.hpp).
-  using Tma = TileTma<Cfg::kStages, kTileBytes, kSwizzleBytes>;
+  // The copy warpgroup's first thread issues the TMA copies (cache_tensor_map.hpp): per page of a
+  // tile, one box of `box_slots` keys per 128-byte column block.
   const bool producer = tid == kCopyWarpgroup * kWarpgroupThreads;
-  int next_pages[kMaxPagesPerTile];  // producer: page ids of the next tile to copy
-  const int box_slots = Tma::box_slots(p), boxes = kBlockN / box_slots;
+  const int box_slots = p.block_size < kBlockN ? p.block_size : kBlockN;
+  const int boxes = kBlockN / box_slots;  // pages per tile
+  int next_pages[kMaxPagesPerTile];       // producer: page ids of the next tile to copy
+  auto lookup_tile_pages = [&](int tile) {
+    for (int i = 0; i < boxes; ++i) {
+      const int pos = w.key_begin + tile * kBlockN + i * box_slots;
+      next_pages[i] = pos < w.cta_end ? p.block_table[w.batch_index * p.block_table_stride_batch +
+                                                      fast_divmod(pos, p.block_size_div).quotient *
+                                                          p.block_table_stride_col]
+                                      : -1;
+    }
+  };
+  // Producer: announces tile `tile`'s bytes on its stage's mbarrier and issues its boxes, then
+  // looks up the page ids of the tile after it. Pages past cta_end are not read; a block id
+  // outside the cache sets `bad` and is not read either (the CTA's rows become NaN).
   auto issue_tile = [&](int tile) {
-    Tma::issue(p, w, cache_map, smem + Cfg::kStageOffset, full_barrier, tile, box_slots, boxes,
-               next_pages, bad);
+    const uint32_t mbar = full_barrier + 8 * (tile % Cfg::kStages);
+    const uint32_t dst = smem_addr(stage(tile));
+    uint32_t bytes = 0;
+    for (int i = 0; i < boxes; ++i) {
+      const int pos = w.key_begin + tile * kBlockN + i * box_slots;
+      const int page = next_pages[i];
+      if (pos >= w.cta_end) continue;
+      if (page < 0 || page >= p.num_blocks) {
+        bad = true;
+        next_pages[i] = -1;
+        continue;
+      }
+      bytes += box_slots * kRowBytes;
+    }
+    mbarrier_arrive_expect_tx(mbar, bytes);
+    for (int i = 0; i < boxes; ++i) {
+      if (next_pages[i] < 0) continue;
+      const int slot =
+          fast_divmod(w.key_begin + tile * kBlockN + i * box_slots, p.block_size_div).remainder;
+#pragma unroll
+      for (int b = 0; b < kRowBytes / kSwizzleBytes; ++b) {
+        tma_load_3d(dst + b * kBlockN * kSwizzleBytes + i * box_slots * kSwizzleBytes, &cache_map,
+                    mbar, b * (kSwizzleBytes / 2), slot, next_pages[i]);
+      }
+    }
+    if (tile + 1 < w.num_tiles) lookup_tile_pages(tile + 1);
   };
   if (w.num_tiles > 0) {
     if (producer) {
-      Tma::lookup(p, w, 0, box_slots, boxes, next_pages);
+      lookup_tile_pages(0);
       for (int t = 0; t < Cfg::kStages && t < w.num_tiles; ++t) issue_tile(t);
     }
     load_q_tile<Cfg>(p, w, smem + Cfg::kQOffset);
@@ -366,15 +301,34 @@ __device__ __forceinline__ void decode_segment_wgmma(const DecodeKernelParams& p
     }
   }
 
-  finish_rows_wgmma(p, w, bad, scorer, l_run, m_run, local_row, row_sum, row_max, o, o_coord);
+  // ---- epilogue: the score warpgroup's row sums and maxima, then rows and LSEs.
+  if (scorer) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const float l = quad_sum(l_run[h]);
+      if (quad_leader) {
+        row_sum[local_row[h]] = l;
+        row_max[local_row[h]] = m_run[h];
+      }
+    }
+  }
+  bad = cta_saw_bad_index(p, bad);  // also publishes row_sum and row_max
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int row = w.row0 + local_row[h];
+    if (row >= p.rows) continue;
+    const RowSink sink = finish_row(p, w, row, row_sum[local_row[h]], row_max[local_row[h]], bad,
+                                    scorer && quad_leader);
+    if (sink.base == nullptr) continue;
+    with_pair_store(sink.dtype, [&](auto store) {
+      CUTE_UNROLL
+      for (int j = 0; j < size<1>(o); j += 2) {
+        store(sink.base, sink.offset + get<1>(o_coord(h, j)), o(h, j) * sink.inv,
+              o(h, j + 1) * sink.inv);
+      }
+    });
+  }
 }
-
-// kernel_wgmma_e4m3.cuh: the segment of WgmmaE4m3Config (an fp8 q over fp8_e4m3).
-template <class Cfg>
-__device__ __forceinline__ void decode_segment_wgmma_e4m3(const DecodeKernelParams& p,
-                                                          const CUtensorMap& cache_map,
-                                                          const WorkItem& w, uint8_t* smem,
-                                                          uint32_t& full_phase);
 
 template <class Cfg>
 __global__ void __launch_bounds__(kThreads, 1)
@@ -396,12 +350,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   uint32_t full_phase = 0;
   for (int segment = work.segment_begin; segment < work.segment_end; ++segment) {
     if (segment > work.segment_begin) __syncthreads();  // the last one is done with shared memory
-    const WorkItem w = make_work_item<Cfg>(p, work.row0, segment);
-    if constexpr (Cfg::kQRaw) {
-      decode_segment_wgmma_e4m3<Cfg>(p, cache_map, w, smem, full_phase);
-    } else {
-      decode_segment_wgmma<Cfg>(p, cache_map, w, smem, full_phase);
-    }
+    decode_segment_wgmma<Cfg>(p, cache_map, make_work_item<Cfg>(p, work.row0, segment), smem,
+                              full_phase);
   }
 }
 

@@ -5,7 +5,6 @@
 #include <algorithm>
 #include <cstdint>
 #include <limits>
-#include <type_traits>
 
 #include "core/check.hpp"
 #include "cuda/common/device_errors.hpp"
@@ -195,14 +194,6 @@ void launch_for_rows(const LaunchPlan& plan, cudaStream_t stream) {
   const dim3 grid(static_cast<unsigned>(plan.decode_ctas));
   if (plan.rows_per_cta == kDecodeRowsSmall) {
     launch_decode_kernel<Config<kDecodeRowsSmall, kFormat, Element>>(plan.decode, grid, stream);
-  } else if constexpr (std::is_same_v<Element, RawE4m3Mma>) {
-    // 64 rows, an fp8 q over fp8_e4m3: e4m3 wgmma scores where TMA can read the cache
-    // (kernel_wgmma_e4m3.cuh), else mma.sync on the raw tiles.
-    if (cache_tensor_map_supported(plan.decode)) {
-      launch_decode_wgmma_kernel<WgmmaE4m3Config>(plan.decode, grid, stream);
-    } else {
-      launch_decode_kernel<Config<kDecodeRowsLarge, kFormat, Element>>(plan.decode, grid, stream);
-    }
   } else if constexpr (kFormat == CacheFormat::kNative) {
     // 64 rows over a 16-bit cache: compute-bound, the wgmma kernel (kernel_wgmma.cuh), whose TMA
     // copies need whole swizzle patterns per page and 16-byte aligned strides; other caches (an

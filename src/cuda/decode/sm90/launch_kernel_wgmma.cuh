@@ -1,6 +1,5 @@
-// Launch of the wgmma decode configurations (kernel_wgmma.cuh, kernel_wgmma_e4m3.cuh), like
-// launch_kernel.cuh's; only the native-cache and raw e4m3 instantiation files include it (CuTe
-// headers stay out of the others).
+// Launch of the wgmma decode configuration (kernel_wgmma.cuh), like launch_kernel.cuh's; only the
+// native-cache instantiation files include it (CuTe headers stay out of the fp8 ones).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -8,14 +7,13 @@
 #include "cuda/decode/sm90/cache_tensor_map.hpp"
 #include "cuda/decode/sm90/instantiations.cuh"
 #include "cuda/decode/sm90/kernel_wgmma.cuh"
-#include "cuda/decode/sm90/kernel_wgmma_e4m3.cuh"
 #include "cuda/decode/sm90/launch_kernel.cuh"
 
 namespace mlakit::cuda::decode_sm90 {
 
 template <class Cfg>
 void launch_decode_wgmma_kernel(const DecodeKernelParams& params, dim3 grid, cudaStream_t stream) {
-  const CUtensorMap cache_map = make_cache_tensor_map(params, Cfg::kCacheValueBytes);
+  const CUtensorMap cache_map = make_cache_tensor_map(params);
   const auto kernel = &mla_decode_sm90_wgmma_kernel<Cfg>;
   set_max_dynamic_smem(reinterpret_cast<const void*>(kernel), Cfg::kSmemBytes, "mla_decode");
   launch_kernel_overlapped("mla_decode", "mla_decode_sm90_wgmma_kernel", kernel, grid,

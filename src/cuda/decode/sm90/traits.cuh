@@ -11,7 +11,6 @@
 
 namespace mlakit::cuda::decode_sm90 {
 
-struct F16Mma;      // ptx.cuh: the MMA element types
 struct RawE4m3Mma;  // ptx.cuh: f16 MMAs over raw fp8_e4m3 tiles (an fp8 q)
 
 inline constexpr int kDimQK = 576;  // L + R = 512 + 64: the q / K width (the only one supported)
@@ -87,7 +86,6 @@ struct Config : TileCopy<kFormat_> {
   // converts the K and V fragments it loads in registers; no tile is converted in shared memory.
   static constexpr bool kRawE4m3 = std::is_same_v<Element, RawE4m3Mma>;
   static constexpr bool kConvert = Copy::kConvert && !kRawE4m3;  // a conversion pass per tile
-  static constexpr bool kQRaw = false;  // q in the element type (kernel_common.cuh's q tile)
   // With 16 rows every warp needs all of q for its scores; holding q's 36 A fragments in registers
   // (144 per thread) saves re-reading 18 KiB of shared memory per warp per tile. With 64 rows the
   // O accumulator takes 128 registers per thread and q stays in shared memory.

@@ -38,9 +38,7 @@ struct WgmmaConfig {
   static constexpr int kWarpgroups = kThreads / kWarpgroupThreads;  // 2
   // O += P V: warpgroup g owns V columns [256 g, 256 g + 256) (wgmma m64n256k16, the widest N).
   static constexpr int kColsPerWarpgroup = kDimV / kWarpgroups;
-  static constexpr bool kRawE4m3 = false;  // kernel_common.cuh's q tile: 16-bit q units
-  static constexpr bool kQRaw = false;
-  static constexpr int kCacheValueBytes = 2;  // the TMA map's values (cache_tensor_map.hpp)
+  static constexpr bool kRawE4m3 = false;  // kernel_common.cuh's q tile: q in the cache's order
 
   // Two stages of 72 KiB next to the 72 KiB q tile fill shared memory: the copy warpgroup refills
   // a stage as soon as both warpgroups are done with its tile, two tiles ahead of the scores.
@@ -80,66 +78,6 @@ struct WgmmaConfig {
   static_assert(kTileBytes % kBaseAlignment == 0 && kQOffset % kBaseAlignment == 0 &&
                     kPInStageOffset % kBaseAlignment == 0,
                 "SW128 operand tiles start on 1024-byte boundaries");
-  static_assert(kSmemBytes <= kSmemLimit, "shared-memory plan exceeds 227 KiB");
-};
-
-// Raw e4m3 tiles for the e4m3 wgmma scores are K-major with the 64-byte swizzle (CuTe's
-// Layout_K_SW64_Atom, TMA's SWIZZLE_64B): 9 column blocks of 64 e4m3 values; block b is [kRows][64
-// B] at b * kRows * 64, and 16-byte chunk c of a row sits at chunk c ^ ((row / 2) % 4).
-inline constexpr int kSwizzle64Bytes = 64;
-template <int kRows>
-__host__ __device__ constexpr uint32_t sw64_k_offset(int row, int chunk) {
-  constexpr int kChunksPerBlock = kSwizzle64Bytes / 16;
-  const int block = chunk / kChunksPerBlock, in_block = chunk % kChunksPerBlock;
-  return static_cast<uint32_t>(block * kRows * kSwizzle64Bytes + row * kSwizzle64Bytes +
-                               ((in_block ^ ((row >> 1) & 3)) << 4));
-}
-
-// The wgmma decode for an fp8 q over an fp8_e4m3 cache (kernel_wgmma_e4m3.cuh): 64 rows per CTA;
-// S = q K^T on e4m3 wgmma over the raw tiles, O += P V in f16 over V converted once per tile.
-struct WgmmaE4m3Config {
-  using Element = F16Mma;  // P and the converted V (e4m3 -> f16 is exact)
-  static constexpr int kBlockM = static_cast<int>(kDecodeRowsLarge);
-  static constexpr int kWarpgroups = kThreads / kWarpgroupThreads;  // 2
-  static constexpr int kColsPerWarpgroup = kDimV / kWarpgroups;
-  static constexpr bool kRawE4m3 = false;  // (the mma.sync raw path's flag)
-  static constexpr bool kQRaw = true;      // q stays e4m3, in the raw tiles' layout
-  static constexpr int kCacheValueBytes = 1;
-
-  static constexpr int kRawTileBytes = kBlockN * kDimQK;  // 36 KiB: 64 keys x 576 e4m3
-  static constexpr int kV16Bytes = kBlockN * kDimV * 2;   // 64 KiB: V in f16, SW128 K-major
-  static constexpr int kPBytes = kBlockM * kBlockN * 2;   // 8 KiB: P in f16, SW128
-  static constexpr int kPStages = 2;  // P of tile t is read while tile t + 1's is written
-  // Raw stages: what is left next to q (36 KiB), one converted V and two P tiles: three, so the
-  // copies run up to three tiles ahead of the scores.
-  static constexpr int kStages = 3;
-
-  // ---- Shared memory plan (operand tiles 1024-byte aligned).
-  static constexpr int kStageOffset = 0;  // [kStages][64][576] e4m3, SW64
-  static constexpr int kQOffset = kStageOffset + kStages * kRawTileBytes;  // [64][576] e4m3, SW64
-  static constexpr int kV16Offset = kQOffset + kRawTileBytes;  // [64 keys][512] f16, SW128
-  static constexpr int kPOffset = kV16Offset + kV16Bytes;      // [kPStages][64][64] f16, SW128
-  static constexpr int kRowStatBytes = kBlockM * 4;            // f32 [64]
-  static constexpr int kAlphaOffset = kPOffset + kPStages * kPBytes;  // f32 [kPStages][64]
-  static constexpr int kRowSumOffset = kAlphaOffset + kPStages * kRowStatBytes;  // f32 [64]
-  static constexpr int kRowMaxOffset = kRowSumOffset + kRowStatBytes;            // f32 [64]
-  static constexpr int kFullBarrierOffset = kRowMaxOffset + kRowStatBytes;  // mbarrier per stage
-  static constexpr int kBaseAlignment = 1024;
-  static constexpr int kSmemBytes = kFullBarrierOffset + kStages * 8 + kBaseAlignment;
-
-  // Byte offset of 16-byte chunk `chunk` (of 36) of row `row` in the q tile or a raw K tile.
-  __host__ __device__ static constexpr uint32_t operand_offset(int row, int chunk) {
-    return sw64_k_offset<kBlockN>(row, chunk);
-  }
-  // Byte offset of 16-bit chunk `chunk` (8 values, of 64) of key `key` in the converted V tile.
-  __host__ __device__ static constexpr uint32_t v16_offset(int key, int chunk) {
-    return sw128_k_offset<kBlockN>(key, chunk);
-  }
-
-  static_assert(kBlockM == kBlockN, "q and K tiles share one operand layout (64 rows)");
-  static_assert(kRawTileBytes % kBaseAlignment == 0 && kV16Bytes % kBaseAlignment == 0 &&
-                    kPBytes % kBaseAlignment == 0,
-                "operand tiles start on 1024-byte boundaries");
   static_assert(kSmemBytes <= kSmemLimit, "shared-memory plan exceeds 227 KiB");
 };
 

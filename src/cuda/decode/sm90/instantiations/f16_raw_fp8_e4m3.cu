@@ -1,7 +1,6 @@
-// sm90 decode for an fp8 q over fp8_e4m3 caches: mma.sync on the raw tiles, converted per warp in
-// registers (kernel_e4m3.cuh), 16 and 64 query rows per CTA; e4m3 wgmma with 64 rows where TMA can
-// read the cache (kernel_wgmma_e4m3.cuh).
-#include "cuda/decode/sm90/launch_kernel_wgmma.cuh"
+// sm90 decode for an fp8 q over fp8_e4m3 caches: f16 MMAs on the raw tiles, converted per warp in
+// registers (kernel_e4m3.cuh), 16 and 64 query rows per CTA.
+#include "cuda/decode/sm90/launch_kernel.cuh"
 
 namespace mlakit::cuda::decode_sm90 {
 
@@ -9,7 +8,5 @@ template void launch_decode_kernel<Config<16, CacheFormat::kFp8E4m3, RawE4m3Mma>
     const DecodeKernelParams&, dim3, cudaStream_t);
 template void launch_decode_kernel<Config<64, CacheFormat::kFp8E4m3, RawE4m3Mma>>(
     const DecodeKernelParams&, dim3, cudaStream_t);
-template void launch_decode_wgmma_kernel<WgmmaE4m3Config>(const DecodeKernelParams&, dim3,
-                                                          cudaStream_t);
 
 }  // namespace mlakit::cuda::decode_sm90
