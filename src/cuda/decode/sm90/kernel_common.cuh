@@ -385,6 +385,21 @@ __device__ __forceinline__ void continue_copies(const DecodeKernelParams& p, con
   if (ahead + 1 < w.num_tiles) lookup_pages<Cfg>(p, w, ahead + 1, next_pages);
 }
 
+// ---- P fragments
+// ---------------------------------------------------------------------------------
+
+// The A fragments of P's k16 step `ks` (keys 16 ks .. 16 ks + 15) for each m16 row tile, from the
+// [kBlockM][64] 16-bit P tile at p_base (swizzled<kPRowBytes>).
+template <class Cfg>
+__device__ __forceinline__ void load_p_fragments(uint32_t p_base, int ks,
+                                                 uint32_t (&a)[Cfg::kRowTiles][4]) {
+  const int lane = threadIdx.x & 31;
+#pragma unroll
+  for (int mt = 0; mt < Cfg::kRowTiles; ++mt) {
+    ldmatrix_x4(a[mt], p_base + swizzled<kPRowBytes>(mt * 16 + (lane & 15), 2 * ks + (lane >> 4)));
+  }
+}
+
 // ---- online softmax
 // ------------------------------------------------------------------------------
 

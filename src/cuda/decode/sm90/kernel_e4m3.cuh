@@ -94,11 +94,7 @@ __device__ __forceinline__ void accumulate_values_raw_e4m3(
 #pragma unroll
   for (int ks = 0; ks < kBlockN / 16; ++ks) {
     uint32_t a[Cfg::kRowTiles][4];
-#pragma unroll
-    for (int mt = 0; mt < Cfg::kRowTiles; ++mt) {
-      ldmatrix_x4(a[mt],
-                  p_base + swizzled<kPRowBytes>(mt * 16 + (lane & 15), 2 * ks + (lane >> 4)));
-    }
+    load_p_fragments<Cfg>(p_base, ks, a);
     // Transposed loads: matrices = keys +0 / +8 of chunk c, then keys +0 / +8 of chunk c + 1.
     const int key = ks * 16 + (((lane >> 3) & 1) << 3) + (lane & 7);
 #pragma unroll

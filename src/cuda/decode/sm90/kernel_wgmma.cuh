@@ -17,9 +17,10 @@
 //                    m64n256k16); the score warpgroup then signals STAGE_FREE(t).
 // So the score warpgroup's scores of tile t + 1 run beside the copy warpgroup's values of tile t.
 // Named barriers per stage (256 threads): P_READY (bar.sync on both sides), STAGE_FREE (bar.arrive
-// by the score side, bar.sync by the copy side). A barrier of stage s is reused two tiles later; in between, the score
-// warpgroup waits for tile t + 2, which the copy warpgroup issues only after its syncs of tile t,
-// so no arrival runs a phase ahead; the same holds for the mbarriers and the alphas.
+// by the score side, bar.sync by the copy side). A barrier of stage s is reused two tiles later; in
+// between, the score warpgroup waits for tile t + 2, which the copy warpgroup issues only after its
+// syncs of tile t, so no arrival runs a phase ahead; the same holds for the mbarriers and the
+// alphas.
 #pragma once
 
 #include <cmath>
