@@ -17,41 +17,15 @@ torch = pytest.importorskip("torch", reason="mlakit.compat needs torch")
 import mlakit  # noqa: E402
 from mlakit.compat import vllm  # noqa: E402
 
+from compat_case import DEVICES, E4M3  # noqa: E402
+
 FP8 = torch.float8_e4m3fn
 FLT_MIN = float(np.finfo(np.float32).tiny)  # fp8_ds_mla's smallest tile scale
 DS_ENTRY, DS_NOPE, DS_ROPE = 656, 512, 64  # fp8_ds_mla: entry bytes, e4m3 latent, bf16 rope
 
 
-def _devices():
-    params = [pytest.param("cpu", id="cpu")]
-    if torch.cuda.is_available():  # GPU machine only (minimal: the same checks on CUDA tensors)
-        cuda_build = mlakit.build_info()["cuda"]
-        params.append(pytest.param("cuda", id="cuda", marks=pytest.mark.skipif(
-            not cuda_build, reason="mlakit was built without CUDA")))
-    return params
-
-
-DEVICES = _devices()
-
-
 # ---- float64 references --------------------------------------------------------------------------
 
-
-def e4m3_table():
-    """float64 value of each e4m3fn code: sign bit, 4 exponent bits (bias 7), 3 mantissa bits;
-    exponent 0 is subnormal (m / 8 * 2^-6); S.1111.111 is NaN (there are no infinities)."""
-    codes = np.arange(256)
-    sign = np.where(codes & 0x80, -1.0, 1.0)
-    exponent = (codes >> 3) & 0xF
-    mantissa = (codes & 0x7).astype(np.float64)
-    magnitude = np.where(exponent == 0, mantissa / 8 * 2.0**-6,
-                         (1 + mantissa / 8) * 2.0 ** (exponent - 7.0))
-    values = sign * magnitude
-    values[(exponent == 0xF) & (mantissa == 7)] = np.nan
-    return values
-
-
-E4M3 = e4m3_table()
 E4M3_FINITE = E4M3[:0x7F]  # codes 0x00..0x7e: the non-negative finite values, increasing
 
 
