@@ -230,8 +230,8 @@ __device__ __forceinline__ void store_q_batch(const DecodeKernelParams& p, int f
 }
 
 // The q tile of f32 or unaligned q, unit by unit (a compact loop: these dtypes are rare, and
-// unrolled code executed once per segment costs instruction fetches). Not for e4m3 scores, whose
-// q the launcher takes only when fetchable.
+// unrolled code executed once per segment costs instruction fetches). Not for raw e4m3 tiles,
+// which the launcher chooses only for fetchable q.
 template <class Cfg>
 __device__ __forceinline__ void load_q_tile_slow(const DecodeKernelParams& p, const WorkItem& w,
                                                  uint8_t* dst) {
@@ -385,8 +385,7 @@ __device__ __forceinline__ void continue_copies(const DecodeKernelParams& p, con
   if (ahead + 1 < w.num_tiles) lookup_pages<Cfg>(p, w, ahead + 1, next_pages);
 }
 
-// ---- P fragments
-// ---------------------------------------------------------------------------------
+// ---- P fragments -------------------------------------------------------------------------------
 
 // The A fragments of P's k16 step `ks` (keys 16 ks .. 16 ks + 15) for each m16 row tile, from the
 // [kBlockM][64] 16-bit P tile at p_base (swizzled<kPRowBytes>).
