@@ -16,11 +16,10 @@
 //   values           each warpgroup O_g = O_g * alpha + P V_t[:, 256 g : 256 g + 256] (4 wgmma
 //                    m64n256k16); the score warpgroup then signals STAGE_FREE(t).
 // So the score warpgroup's scores of tile t + 1 run beside the copy warpgroup's values of tile t.
-// Named barriers per stage (256 threads): P_READY (bar.sync on both sides), STAGE_FREE (bar.arrive
-// by the score side, bar.sync by the copy side). A barrier of stage s is reused two tiles later; in
-// between, the score warpgroup waits for tile t + 2, which the copy warpgroup issues only after its
-// syncs of tile t, so no arrival runs a phase ahead; the same holds for the mbarriers and the
-// alphas.
+// Named barriers per stage (256 threads; bar.arrive by the score side, bar.sync by the copy side):
+// P_READY, STAGE_FREE. A barrier of stage s is reused two tiles later; in between, the score
+// warpgroup waits for tile t + 2, which the copy warpgroup issues only after its syncs of tile t,
+// so no arrival runs a phase ahead; the same holds for the mbarriers and the alphas.
 #pragma once
 
 #include <cmath>
@@ -283,11 +282,7 @@ __device__ __forceinline__ void decode_segment_wgmma(const DecodeKernelParams& p
         }
       }
       fence_shared_for_wgmma();  // this thread's P stores become visible to wgmma
-      // A full barrier on both sides (not an arrive): the copy warpgroup already waits there (its
-      // values of tile t - 1 are shorter than these scores), and compute-sanitizer's racecheck
-      // credits only bar.sync pairs, which order alpha_t's write before its read and the read of
-      // alpha_t before the write of alpha_{t+2} (after P_READY(t + 1)).
-      barrier_sync(kPReady, st);
+      barrier_arrive(kPReady, st);
       accumulate_values(t, alpha);
       barrier_arrive(kStageFree, st);
     }
