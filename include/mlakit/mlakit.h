@@ -116,6 +116,23 @@ MLAKIT_API mlakit_status_t mlakit_gather_and_maybe_dequant_cache(
     int32_t kv_cache_dtype /* mlakit_kv_cache_dtype_t */, float scale, const DLTensor* seq_starts,
     void* stream);
 
+/* The two cache ops above with the scale given as a tensor (ops.hpp "Scales as tensors"): scale is
+ * a float32 DLTensor of exactly one element (any shape) on the device of the other tensors, as
+ * vLLM passes k_scale. CPU: read at once and checked as the float argument is. CUDA: read by the
+ * kernel when it runs (no host read, no synchronization, no allocation: capturable in a CUDA graph
+ * whose replays use the value the tensor then holds); a value that is not finite and > 0 writes
+ * NaN (NaN e4m3 codes into the cache, NaN rows from the gather) and is reported by
+ * mlakit_check_device_errors. The value is used only for MLAKIT_KV_CACHE_FP8_E4M3. */
+MLAKIT_API mlakit_status_t mlakit_concat_and_cache_mla_tensor_scale(
+    const DLTensor* kv_c, const DLTensor* k_pe, const DLTensor* kv_cache,
+    const DLTensor* slot_mapping, int32_t kv_cache_dtype /* mlakit_kv_cache_dtype_t */,
+    const DLTensor* scale, void* stream);
+MLAKIT_API mlakit_status_t mlakit_gather_and_maybe_dequant_cache_tensor_scale(
+    const DLTensor* src_cache, const DLTensor* dst, const DLTensor* block_table,
+    const DLTensor* cu_seq_lens, const DLTensor* token_to_seq, int64_t num_tokens,
+    int32_t kv_cache_dtype /* mlakit_kv_cache_dtype_t */, const DLTensor* scale,
+    const DLTensor* seq_starts, void* stream);
+
 /* vLLM cp_gather_cache: raw copy of request b's positions [seq_starts[b], + len_b) into dst rows
  * [cu_seq_lens[b], cu_seq_lens[b + 1]). src_cache: [num_blocks, block_size, W]; dst: [rows, W]
  * of the same dtype; block_table: int32 [>= batch_size, max_blocks]; cu_seq_lens: int32
@@ -165,6 +182,22 @@ MLAKIT_API mlakit_status_t mlakit_dcp_lse_correct(const DLTensor* partial_out,
  * input: any float dtype; out: fp8 e4m3 or uint8, same shape. */
 MLAKIT_API mlakit_status_t mlakit_scaled_fp8_quant(const DLTensor* input, const DLTensor* out,
                                                    float scale, void* stream);
+/* The same with scale a float32 one-element DLTensor on input's device, read as the cache ops'
+ * tensor scales are (above): on CUDA by the kernel, capturable; a value that is not finite and > 0
+ * with a finite reciprocal writes NaN codes and is reported by mlakit_check_device_errors. */
+MLAKIT_API mlakit_status_t mlakit_scaled_fp8_quant_tensor_scale(const DLTensor* input,
+                                                                const DLTensor* out,
+                                                                const DLTensor* scale,
+                                                                void* stream);
+/* Dynamic per-tensor fp8 quantization: scale (float32, one element, input's device; written) =
+ * amax(|input|) / 448 in f32, then out as mlakit_scaled_fp8_quant_tensor_scale with it. An
+ * all-zero or empty input gives scale 0 and every code 0. On CUDA all of it runs on the device
+ * (capturable). A scale with no finite reciprocal (inf or NaN in input): the CPU writes scale and
+ * returns MLAKIT_ERROR_INVALID_ARGUMENT; CUDA writes NaN codes and reports it through
+ * mlakit_check_device_errors. */
+MLAKIT_API mlakit_status_t mlakit_dynamic_scaled_fp8_quant(const DLTensor* input,
+                                                           const DLTensor* out,
+                                                           const DLTensor* scale, void* stream);
 
 /* Device-side index checks (ops.hpp check_device_errors): GPU kernels skip a bad index (slot,
  * block table entry, request id, cu_seqlens) instead of synchronizing, and record it per device.

@@ -22,6 +22,24 @@
 
 namespace mlakit::ops {
 
+// ---- Scales as tensors
+// --------------------------------------------------------------------------- concat_and_cache_mla,
+// gather_and_maybe_dequant_cache and scaled_fp8_quant also come in a form that takes `const
+// TensorView& scale` where the float form takes `float scale`, as vLLM passes its k_scale and
+// activation scales: f32, exactly one element (any shape: [], [1], ...), on the device of the op's
+// other tensors, 4-byte aligned. Bad metadata throws kInvalidArgument naming `scale`, like every
+// argument check.
+// - CPU: the value is read at once and the call proceeds as the float form (same checks, same
+//   errors, same results).
+// - CUDA: the kernel reads the value when it runs. The call reads nothing on the host, does not
+//   synchronize and allocates nothing, so it can be captured in a CUDA graph whose replays use the
+//   value the tensor holds at each replay. Results are bit for bit those of the float form with
+//   that value. A value the float form would reject (not finite and > 0) cannot throw at run time:
+//   the kernel writes NaN instead (NaN e4m3 codes into the cache or out, NaN rows from a
+//   dequantizing gather), never a finite wrong number, and records it for check_device_errors.
+// The value is used, and so checked, only where the float form uses it (kv_cache_dtype fp8_e4m3
+// for the cache ops).
+
 // ---- Cache write (spec A.3) ---------------------------------------------------------------------
 // kv_c:         [T', L]  activation dtype; row stride may exceed L
 // k_pe:         [T', R]  activation dtype; any row stride
@@ -33,6 +51,10 @@ namespace mlakit::ops {
 void concat_and_cache_mla(const TensorView& kv_c, const TensorView& k_pe,
                           const TensorView& kv_cache, const TensorView& slot_mapping,
                           KvCacheDType kv_cache_dtype, float scale, Stream stream = {});
+// scale:        f32 one-element tensor on kv_c's device ("Scales as tensors" above)
+void concat_and_cache_mla(const TensorView& kv_c, const TensorView& k_pe,
+                          const TensorView& kv_cache, const TensorView& slot_mapping,
+                          KvCacheDType kv_cache_dtype, const TensorView& scale, Stream stream = {});
 
 // ---- Context gathers (spec A.7) -----------------------------------------------------------------
 // Token t < num_tokens of dst comes from request b = token_to_seq[t] at logical position
@@ -50,6 +72,13 @@ void gather_and_maybe_dequant_cache(const TensorView& src_cache, const TensorVie
                                     const TensorView& block_table, const TensorView& cu_seq_lens,
                                     const TensorView& token_to_seq, int64_t num_tokens,
                                     KvCacheDType kv_cache_dtype, float scale,
+                                    const std::optional<TensorView>& seq_starts,
+                                    Stream stream = {});
+// scale:        f32 one-element tensor on dst's device ("Scales as tensors" above)
+void gather_and_maybe_dequant_cache(const TensorView& src_cache, const TensorView& dst,
+                                    const TensorView& block_table, const TensorView& cu_seq_lens,
+                                    const TensorView& token_to_seq, int64_t num_tokens,
+                                    KvCacheDType kv_cache_dtype, const TensorView& scale,
                                     const std::optional<TensorView>& seq_starts,
                                     Stream stream = {});
 
@@ -87,10 +116,25 @@ void merge_attn_states(const TensorView& output, const std::optional<TensorView>
                        Stream stream = {});
 
 // ---- fp8 static quantization (decode q; spec A.6, F-37) ----------------------------------------
-// out = e4m3(clamp(input * (1 / scale), -448, 448)); input: any float dtype, out: kFp8E4m3/kU8,
-// same shape.
+// out = e4m3(clamp(input * (1 / scale), -448, 448)), the reciprocal rounded to f32 first;
+// input: any float dtype, out: kFp8E4m3/kU8, same shape. scale must be finite and > 0 with a
+// finite reciprocal.
 void scaled_fp8_quant(const TensorView& input, const TensorView& out, float scale,
                       Stream stream = {});
+// scale: f32 one-element tensor on input's device ("Scales as tensors" above)
+void scaled_fp8_quant(const TensorView& input, const TensorView& out, const TensorView& scale,
+                      Stream stream = {});
+// Dynamic per-tensor quantization: scale = amax(|input|) / 448 in f32 (448: the largest finite
+// e4m3 value) is written into `scale`, then out = scaled_fp8_quant(input, out, scale). An all-zero
+// or empty input gives scale 0 and every code 0. On CUDA both steps run on the device (a memset
+// and three kernels): no host read, no synchronization, no allocation; capturable. A scale with
+// no finite reciprocal (input holds inf or NaN, or only magnitudes below ~1.3e-36): the CPU
+// writes scale and throws kInvalidArgument before writing out; CUDA writes scale and NaN codes
+// and records it for check_device_errors.
+// input: any float dtype, any strides; out: kFp8E4m3/kU8 of input's shape
+// scale: f32 one-element tensor on input's device (written)
+void dynamic_scaled_fp8_quant(const TensorView& input, const TensorView& out,
+                              const TensorView& scale, Stream stream = {});
 
 // ---- Absorbed MQA decode (spec A.6, C.3, C.4, C.7) ----------------------------------------------
 struct DecodeParams {
@@ -214,7 +258,8 @@ float abs_max(const TensorView& x, Stream stream = {});
 // Error(kOutOfRange) naming every kind of bad index recorded on `device` since the last call, and
 // clears the record. Call it where a synchronization is fine (a step end, after a graph replay).
 // A no-op for the CPU, whose ops check indices on the host and throw at once. mla_decode also
-// turns the output rows of a request with a bad block id or seq_len into NaN.
+// turns the output rows of a request with a bad block id or seq_len into NaN. Scales read on the
+// device ("Scales as tensors") that are not finite and > 0 are recorded and reported here too.
 void check_device_errors(Device device, Stream stream = {});
 
 // ---- GEMMs (BLAS on CPU, cuBLAS on GPU)

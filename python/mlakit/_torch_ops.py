@@ -4,8 +4,10 @@ torch is installed).
 Each op is a torch.library.custom_op that names the tensors it writes in `mutates_args` and has
 a fake (meta) implementation, so the ops trace under torch.compile (fullgraph) and replay inside
 CUDA graphs: the real implementation only hands data pointers and torch's current stream to the
-library, with no host synchronisation and no allocation. Scales are Python floats (a scale
-tensor would have to be read on the host).
+library, with no host synchronisation and no allocation. Scales are Python floats, or, in the
+*_tensor_scale ops and dynamic_scaled_fp8_quant, one-element float32 tensors on the data's device
+that the kernels read where they run (so a captured graph follows the value written into them;
+mla_decode and the attention ops still take floats).
 
 The annotations below are real types (no `from __future__ import annotations`): torch infers
 the op schemas from them. Defaults are only int, float, bool or None (what torch 2.4's schema
@@ -108,6 +110,67 @@ def static_scaled_fp8_quant(out: torch.Tensor, input: torch.Tensor, scale: float
 
 
 @static_scaled_fp8_quant.register_fake
+def _(out, input, scale):
+    return None
+
+
+@torch.library.custom_op(f"{_NS}::concat_and_cache_mla_tensor_scale", mutates_args=("kv_cache",))
+def concat_and_cache_mla_tensor_scale(
+    kv_c: torch.Tensor,
+    k_pe: torch.Tensor,
+    kv_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+    kv_cache_dtype: str,
+    scale: torch.Tensor,
+) -> None:
+    _ops.concat_and_cache_mla(kv_c, k_pe, kv_cache, slot_mapping, kv_cache_dtype, scale)
+
+
+@concat_and_cache_mla_tensor_scale.register_fake
+def _(kv_c, k_pe, kv_cache, slot_mapping, kv_cache_dtype, scale):
+    return None
+
+
+@torch.library.custom_op(f"{_NS}::gather_and_maybe_dequant_cache_tensor_scale",
+                         mutates_args=("dst",))
+def gather_and_maybe_dequant_cache_tensor_scale(
+    src_cache: torch.Tensor,
+    dst: torch.Tensor,
+    block_table: torch.Tensor,
+    cu_seq_lens: torch.Tensor,
+    token_to_seq: torch.Tensor,
+    num_tokens: int,
+    kv_cache_dtype: str,
+    scale: torch.Tensor,
+    seq_starts: Optional[torch.Tensor] = None,
+) -> None:
+    _ops.gather_and_maybe_dequant_cache(src_cache, dst, block_table, cu_seq_lens, token_to_seq,
+                                        num_tokens, kv_cache_dtype, scale, seq_starts)
+
+
+@gather_and_maybe_dequant_cache_tensor_scale.register_fake
+def _(src_cache, dst, block_table, cu_seq_lens, token_to_seq, num_tokens, kv_cache_dtype, scale,
+      seq_starts=None):
+    return None
+
+
+@torch.library.custom_op(f"{_NS}::static_scaled_fp8_quant_tensor_scale", mutates_args=("out",))
+def static_scaled_fp8_quant_tensor_scale(out: torch.Tensor, input: torch.Tensor,
+                                         scale: torch.Tensor) -> None:
+    _ops.static_scaled_fp8_quant(out, input, scale)
+
+
+@static_scaled_fp8_quant_tensor_scale.register_fake
+def _(out, input, scale):
+    return None
+
+
+@torch.library.custom_op(f"{_NS}::dynamic_scaled_fp8_quant", mutates_args=("out", "scale"))
+def dynamic_scaled_fp8_quant(out: torch.Tensor, input: torch.Tensor, scale: torch.Tensor) -> None:
+    _ops.dynamic_scaled_fp8_quant(out, input, scale)
+
+
+@dynamic_scaled_fp8_quant.register_fake
 def _(out, input, scale):
     return None
 

@@ -48,6 +48,21 @@ def to_float(value, name):
     )
 
 
+def tensor_scale(value, name, writable=False):
+    """The description of a scale the op reads where it runs (mlakit.h "tensor_scale" entries):
+    a float32 array or tensor, or any tensor on a CUDA device (never read on the host; the
+    library reports a wrong dtype or element count). None for a number or a host array/tensor of
+    another dtype, which the float entry takes through to_float."""
+    if is_torch_tensor(value):
+        import torch
+
+        if value.device.type == "cuda" or value.dtype == torch.float32:
+            return describe(value, name, writable)
+    elif isinstance(value, np.ndarray) and value.dtype == np.float32:
+        return describe(value, name, writable)
+    return None
+
+
 def stream_of(*described):
     """The CUDA stream of the first CUDA tensor among `described` (NULL for host calls)."""
     for d in described:
@@ -68,15 +83,24 @@ def concat_and_cache_mla(kv_c, k_pe, kv_cache, slot_mapping, kv_cache_dtype="aut
     (slot < 0 skips the token; fp8 caches store e4m3(x / scale)).
 
     kv_c: [T', L]; k_pe: [T', R] (or [T', 1, R]); kv_cache: [num_blocks, block_size, entry_width]
-    (written); slot_mapping: int64 [T], T <= T'."""
+    (written); slot_mapping: int64 [T], T <= T'; scale: a number, or a one-element float32
+    array/tensor on kv_c's device, read where the op runs (on CUDA by the kernel: capturable in a
+    CUDA graph; a value that is not finite and > 0 writes NaN codes and is reported by
+    check_device_errors)."""
     if k_pe.ndim == 3 and k_pe.shape[1] == 1:  # vLLM passes k_pe unsqueezed: [T', 1, R]
         k_pe = k_pe[:, 0]
     a = describe(kv_c, "kv_c")
     b = describe(k_pe, "k_pe")
     c = describe(kv_cache, "kv_cache", writable=True)
     d = describe(slot_mapping, "slot_mapping")
-    call("mlakit_concat_and_cache_mla", a.ref, b.ref, c.ref, d.ref,
-         kv_cache_dtype_code(kv_cache_dtype), to_float(scale, "scale"), stream_of(a, b, c, d))
+    code = kv_cache_dtype_code(kv_cache_dtype)
+    sc = tensor_scale(scale, "scale")
+    if sc is not None:
+        call("mlakit_concat_and_cache_mla_tensor_scale", a.ref, b.ref, c.ref, d.ref, code, sc.ref,
+             stream_of(a, b, c, d, sc))
+        return
+    call("mlakit_concat_and_cache_mla", a.ref, b.ref, c.ref, d.ref, code,
+         to_float(scale, "scale"), stream_of(a, b, c, d))
 
 
 def gather_and_maybe_dequant_cache(src_cache, dst, block_table, cu_seq_lens, token_to_seq,
@@ -86,15 +110,23 @@ def gather_and_maybe_dequant_cache(src_cache, dst, block_table, cu_seq_lens, tok
 
     src_cache: [num_blocks, block_size, entry_width]; dst: [>= num_tokens, L + R] (written);
     block_table: int32 [B, max_blocks]; cu_seq_lens: int32 [B + 1]; token_to_seq: int32
-    [>= num_tokens]; seq_starts: int32 [B] or None."""
+    [>= num_tokens]; seq_starts: int32 [B] or None; scale: a number or a one-element float32
+    array/tensor on dst's device, read where the op runs (as concat_and_cache_mla's; a bad value
+    on CUDA gives NaN rows)."""
     s = describe(src_cache, "src_cache")
     d = describe(dst, "dst", writable=True)
     bt = describe(block_table, "block_table")
     cu = describe(cu_seq_lens, "cu_seq_lens")
     tts = describe(token_to_seq, "token_to_seq")
     ss = describe_optional(seq_starts, "seq_starts")
+    code = kv_cache_dtype_code(kv_cache_dtype)
+    sc = tensor_scale(scale, "scale")
+    if sc is not None:
+        call("mlakit_gather_and_maybe_dequant_cache_tensor_scale", s.ref, d.ref, bt.ref, cu.ref,
+             tts.ref, int(num_tokens), code, sc.ref, _ref(ss), stream_of(s, d, bt, cu, tts, ss, sc))
+        return
     call("mlakit_gather_and_maybe_dequant_cache", s.ref, d.ref, bt.ref, cu.ref, tts.ref,
-         int(num_tokens), kv_cache_dtype_code(kv_cache_dtype), to_float(scale, "scale"), _ref(ss),
+         int(num_tokens), code, to_float(scale, "scale"), _ref(ss),
          stream_of(s, d, bt, cu, tts, ss))
 
 
@@ -163,10 +195,32 @@ def dcp_lse_correct(partial_out, all_lse_tokens_heads, rank, corrected):
 
 def static_scaled_fp8_quant(out, input, scale):
     """out = e4m3(clamp(input * (1 / scale), -448, 448)) (vLLM's _C.static_scaled_fp8_quant).
-    out: float8_e4m3fn or uint8, the shape of input (written)."""
+    out: float8_e4m3fn or uint8, the shape of input (written); scale: a number or a one-element
+    float32 array/tensor on input's device, read where the op runs (on CUDA by the kernel:
+    capturable; a value that is not finite and > 0 with a finite reciprocal writes NaN codes and
+    is reported by check_device_errors)."""
     x = describe(input, "input")
     o = describe(out, "out", writable=True)
+    sc = tensor_scale(scale, "scale")
+    if sc is not None:
+        call("mlakit_scaled_fp8_quant_tensor_scale", x.ref, o.ref, sc.ref, stream_of(x, o, sc))
+        return
     call("mlakit_scaled_fp8_quant", x.ref, o.ref, to_float(scale, "scale"), stream_of(x, o))
+
+
+def dynamic_scaled_fp8_quant(out, input, scale):
+    """Dynamic per-tensor fp8 quantization (vLLM's _C.dynamic_scaled_fp8_quant): scale[0] =
+    amax(|input|) / 448 in float32, then out = e4m3(clamp(input * (1 / scale), -448, 448)). An
+    all-zero or empty input gives scale 0 and out 0. On CUDA everything runs on the device (no
+    host read, no synchronisation: capturable). Input holding inf or NaN: the CPU raises after
+    writing scale; CUDA writes NaN codes and check_device_errors reports it.
+
+    out: float8_e4m3fn or uint8, the shape of input (written); scale: one-element float32
+    array/tensor on input's device (written)."""
+    x = describe(input, "input")
+    o = describe(out, "out", writable=True)
+    sc = describe(scale, "scale", writable=True)
+    call("mlakit_dynamic_scaled_fp8_quant", x.ref, o.ref, sc.ref, stream_of(x, o, sc))
 
 
 def scaled_fp8_quant(input, scale, output=None):
@@ -324,6 +378,7 @@ __all__ = [
     "DecodeSchedule",
     "concat_and_cache_mla",
     "cp_gather_cache",
+    "dynamic_scaled_fp8_quant",
     "gather_and_maybe_dequant_cache",
     "kv_cache_dtype_code",
     "merge_attn_states",

@@ -5,8 +5,9 @@ random values from the seeded `rng` fixture (conftest.py), outputs and unused ca
 poisoned with NaN so that a stray or missing write shows.
 
 GPU: the tests parametrized with DEVICES also run on torch CUDA tensors when torch sees a GPU
-(and mlakit was built with CUDA); everything else is CPU only. Not tested anywhere: tensor scales
-read on the device, CUDA-graph capture, torch.compile.
+(and mlakit was built with CUDA; the scales are then CUDA tensors, read on the device); everything
+else is CPU only. CUDA-graph capture and replay with new scale values: test_compat_vllm_cuda.py.
+Not tested anywhere: torch.compile of the compat functions.
 """
 
 import numpy as np

@@ -124,6 +124,16 @@ RUNNERS = {
         c["output_lse"]),
     "scaled_fp8_quant": lambda c: mlakit.static_scaled_fp8_quant(c["out"], c["input"],
                                                                  c.f("scale")),
+    "concat_and_cache_mla_tensor_scale": lambda c: mlakit.concat_and_cache_mla(
+        c["kv_c"], c["k_pe"], c["kv_cache"], c["slot_mapping"], c.s("kv_cache_dtype"),
+        c["scale"]),
+    "gather_and_maybe_dequant_cache_tensor_scale": lambda c: mlakit.gather_and_maybe_dequant_cache(
+        c["src_cache"], c["dst"], c["block_table"], c["cu_seq_lens"], c["token_to_seq"],
+        c.s("num_tokens"), c.s("kv_cache_dtype"), c["scale"], c["seq_starts"]),
+    "scaled_fp8_quant_tensor_scale": lambda c: mlakit.static_scaled_fp8_quant(
+        c["out"], c["input"], c["scale"]),
+    "dynamic_scaled_fp8_quant": lambda c: mlakit.dynamic_scaled_fp8_quant(
+        c["out"], c["input"], c["scale"]),
     "mla_decode": _decode,
     "mla_prefill": lambda c: mlakit.mla_prefill(
         c["q"], c["k_nope"], c["k_pe"], c["v"], c["cu_seqlens_q"], c["cu_seqlens_k"],

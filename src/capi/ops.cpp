@@ -49,6 +49,44 @@ MLAKIT_API mlakit_status_t mlakit_gather_and_maybe_dequant_cache(
   });
 }
 
+MLAKIT_API mlakit_status_t mlakit_concat_and_cache_mla_tensor_scale(
+    const DLTensor* kv_c, const DLTensor* k_pe, const DLTensor* kv_cache,
+    const DLTensor* slot_mapping, int32_t kv_cache_dtype, const DLTensor* scale, void* stream) {
+  constexpr const char* kOp = "concat_and_cache_mla";
+  return guarded(kOp, [&] {
+    const auto [kv_c_view, k_pe_view, kv_cache_view, slot_mapping_view, scale_view] =
+        to_views(kOp, {{"kv_c", kv_c},
+                       {"k_pe", k_pe},
+                       {"kv_cache", kv_cache},
+                       {"slot_mapping", slot_mapping},
+                       {"scale", scale}});
+    mlakit::ops::concat_and_cache_mla(kv_c_view, k_pe_view, kv_cache_view, slot_mapping_view,
+                                      to_kv_cache_dtype(kOp, kv_cache_dtype), scale_view,
+                                      Stream{stream});
+  });
+}
+
+MLAKIT_API mlakit_status_t mlakit_gather_and_maybe_dequant_cache_tensor_scale(
+    const DLTensor* src_cache, const DLTensor* dst, const DLTensor* block_table,
+    const DLTensor* cu_seq_lens, const DLTensor* token_to_seq, int64_t num_tokens,
+    int32_t kv_cache_dtype, const DLTensor* scale, const DLTensor* seq_starts, void* stream) {
+  constexpr const char* kOp = "gather_and_maybe_dequant_cache";
+  return guarded(kOp, [&] {
+    const auto [src_cache_view, dst_view, block_table_view, cu_seq_lens_view, token_to_seq_view,
+                scale_view] = to_views(kOp, {{"src_cache", src_cache},
+                                             {"dst", dst},
+                                             {"block_table", block_table},
+                                             {"cu_seq_lens", cu_seq_lens},
+                                             {"token_to_seq", token_to_seq},
+                                             {"scale", scale}});
+    const std::optional<mlakit::TensorView> seq_starts_view =
+        to_optional_view(kOp, "seq_starts", seq_starts);
+    mlakit::ops::gather_and_maybe_dequant_cache(
+        src_cache_view, dst_view, block_table_view, cu_seq_lens_view, token_to_seq_view, num_tokens,
+        to_kv_cache_dtype(kOp, kv_cache_dtype), scale_view, seq_starts_view, Stream{stream});
+  });
+}
+
 MLAKIT_API mlakit_status_t mlakit_cp_gather_cache(const DLTensor* src_cache, const DLTensor* dst,
                                                   const DLTensor* block_table,
                                                   const DLTensor* cu_seq_lens, int64_t batch_size,
@@ -128,6 +166,29 @@ MLAKIT_API mlakit_status_t mlakit_scaled_fp8_quant(const DLTensor* input, const 
   return guarded(kOp, [&] {
     const auto [input_view, out_view] = to_views(kOp, {{"input", input}, {"out", out}});
     mlakit::ops::scaled_fp8_quant(input_view, out_view, scale, Stream{stream});
+  });
+}
+
+MLAKIT_API mlakit_status_t mlakit_scaled_fp8_quant_tensor_scale(const DLTensor* input,
+                                                                const DLTensor* out,
+                                                                const DLTensor* scale,
+                                                                void* stream) {
+  constexpr const char* kOp = "scaled_fp8_quant";
+  return guarded(kOp, [&] {
+    const auto [input_view, out_view, scale_view] =
+        to_views(kOp, {{"input", input}, {"out", out}, {"scale", scale}});
+    mlakit::ops::scaled_fp8_quant(input_view, out_view, scale_view, Stream{stream});
+  });
+}
+
+MLAKIT_API mlakit_status_t mlakit_dynamic_scaled_fp8_quant(const DLTensor* input,
+                                                           const DLTensor* out,
+                                                           const DLTensor* scale, void* stream) {
+  constexpr const char* kOp = "dynamic_scaled_fp8_quant";
+  return guarded(kOp, [&] {
+    const auto [input_view, out_view, scale_view] =
+        to_views(kOp, {{"input", input}, {"out", out}, {"scale", scale}});
+    mlakit::ops::dynamic_scaled_fp8_quant(input_view, out_view, scale_view, Stream{stream});
   });
 }
 

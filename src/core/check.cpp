@@ -1,6 +1,8 @@
 #include "core/check.hpp"
 
 #include <cmath>
+#include <cstdint>
+#include <cstring>
 #include <limits>
 
 namespace mlakit::detail {
@@ -122,6 +124,23 @@ void check_float_activation(const char* op, const char* name, const TensorView& 
 void check_positive_finite(const char* op, const char* name, float value) {
   require(std::isfinite(value) && value > 0.0f, ErrorCode::kInvalidArgument, op, ": ", name,
           " must be finite and > 0, got ", value);
+}
+
+void check_scale_tensor(const char* op, const char* name, const TensorView& t, Device device) {
+  check_storage(op, name, t);
+  check_dtype(op, name, t, {DType::kF32});
+  require(t.numel() == 1, ErrorCode::kInvalidArgument, op, ": ", name,
+          " must have exactly one element, got shape ", shape_string(t));
+  check_device(op, name, t, device);
+  // 4: the f32 load the kernels issue needs its natural alignment.
+  require(reinterpret_cast<uintptr_t>(t.data) % 4 == 0, ErrorCode::kInvalidArgument, op, ": ", name,
+          " data must be 4-byte aligned (an f32 element)");
+}
+
+float host_scale_value(const TensorView& t) {
+  float value = 0.0f;
+  std::memcpy(&value, t.data, sizeof(value));
+  return value;
 }
 
 }  // namespace mlakit::detail

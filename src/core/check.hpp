@@ -71,6 +71,11 @@ void check_device(const char* op, const char* name, const TensorView& t, Device 
 void check_float_activation(const char* op, const char* name, const TensorView& t);  // f32/f16/bf16
 // A scale factor: finite and > 0.
 void check_positive_finite(const char* op, const char* name, float value);
+// A scale given as a tensor (ops.hpp, "Scales as tensors"): dtype f32, exactly one element (any
+// shape), on `device`, its address 4-byte aligned. Reads no element.
+void check_scale_tensor(const char* op, const char* name, const TensorView& t, Device device);
+// The value of a host scale tensor that check_scale_tensor accepted.
+float host_scale_value(const TensorView& t);
 
 }  // namespace mlakit::detail
 

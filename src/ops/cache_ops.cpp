@@ -110,9 +110,10 @@ void check_entry_widths(const TensorView& kv_c, const TensorView& k_pe, const Te
                       overflow ? std::string(" (overflows int64)") : detail::str_cat(" = ", sum)));
 }
 
+// Everything but the scale (checked by the caller: a float here, a tensor's metadata on CUDA).
 void validate_concat_and_cache_mla(const TensorView& kv_c, const TensorView& k_pe,
                                    const TensorView& kv_cache, const TensorView& slot_mapping,
-                                   KvCacheDType kv_dtype, float scale) {
+                                   KvCacheDType kv_dtype) {
   const char* op = kConcatOp;
   detail::check_storage(op, "kv_c", kv_c);
   detail::check_storage(op, "k_pe", k_pe);
@@ -143,7 +144,6 @@ void validate_concat_and_cache_mla(const TensorView& kv_c, const TensorView& k_p
             ": kv_cache must have the dtype of kv_c (", dtype_name(kv_c.dtype),
             ") for kv_cache_dtype auto, got ", dtype_name(kv_cache.dtype));
   }
-  if (kv_dtype == KvCacheDType::kFp8E4m3) check_fp8_scale(op, "scale", scale);
   check_cache_entries_disjoint(op, "kv_cache", kv_cache);
 }
 
@@ -171,11 +171,12 @@ void validate_q_rope(const TensorView& src, const TensorView& dst) {
           " for shape ", detail::shape_string(dst));
 }
 
+// Everything but the scale (checked by the caller).
 void validate_gather_and_maybe_dequant_cache(const TensorView& src_cache, const TensorView& dst,
                                              const TensorView& block_table,
                                              const TensorView& cu_seq_lens,
                                              const TensorView& token_to_seq, int64_t num_tokens,
-                                             KvCacheDType kv_dtype, float scale,
+                                             KvCacheDType kv_dtype,
                                              const std::optional<TensorView>& seq_starts) {
   const char* op = kGatherOp;
   detail::check_storage(op, "dst", dst);
@@ -198,7 +199,6 @@ void validate_gather_and_maybe_dequant_cache(const TensorView& src_cache, const 
                                "the entry width L + R");
   }
   check_kv_cache(op, "src_cache", src_cache, kv_dtype, dims);
-  if (kv_dtype == KvCacheDType::kFp8E4m3) check_fp8_scale(op, "scale", scale);
   check_rows_disjoint(op, "dst", dst);
 
   check_index_tensor(op, "cu_seq_lens", cu_seq_lens, 1, DType::kI32);
@@ -282,16 +282,39 @@ void concat_and_cache_mla(const TensorView& kv_c, const TensorView& k_pe,
   const Device device = detail::common_device(
       kConcatOp,
       {{"kv_c", &kv_c}, {"k_pe", &k_pe}, {"kv_cache", &kv_cache}, {"slot_mapping", &slot_mapping}});
-  validate_concat_and_cache_mla(kv_c, k_pe, kv_cache, slot_mapping, kv_cache_dtype, scale);
+  validate_concat_and_cache_mla(kv_c, k_pe, kv_cache, slot_mapping, kv_cache_dtype);
+  if (kv_cache_dtype == KvCacheDType::kFp8E4m3) check_fp8_scale(kConcatOp, "scale", scale);
   if (device.is_cuda()) {
 #ifdef MLAKIT_WITH_CUDA
-    return cuda::concat_and_cache_mla(kv_c, k_pe, kv_cache, slot_mapping, kv_cache_dtype, scale,
-                                      stream);
+    return cuda::concat_and_cache_mla(kv_c, k_pe, kv_cache, slot_mapping, kv_cache_dtype,
+                                      cuda::ScaleSource{.value = scale}, stream);
 #else
     detail::unsupported_device(kConcatOp, device);
 #endif
   }
   cpu::concat_and_cache_mla(kv_c, k_pe, kv_cache, slot_mapping, kv_cache_dtype, scale);
+}
+
+void concat_and_cache_mla(const TensorView& kv_c, const TensorView& k_pe,
+                          const TensorView& kv_cache, const TensorView& slot_mapping,
+                          KvCacheDType kv_cache_dtype, const TensorView& scale, Stream stream) {
+  const Device device = detail::common_device(
+      kConcatOp,
+      {{"kv_c", &kv_c}, {"k_pe", &k_pe}, {"kv_cache", &kv_cache}, {"slot_mapping", &slot_mapping}});
+  detail::check_scale_tensor(kConcatOp, "scale", scale, device);
+  if (!device.is_cuda()) {  // a host scale: read now, checked as the float form checks it
+    return concat_and_cache_mla(kv_c, k_pe, kv_cache, slot_mapping, kv_cache_dtype,
+                                detail::host_scale_value(scale), stream);
+  }
+  validate_concat_and_cache_mla(kv_c, k_pe, kv_cache, slot_mapping, kv_cache_dtype);
+#ifdef MLAKIT_WITH_CUDA
+  cuda::concat_and_cache_mla(kv_c, k_pe, kv_cache, slot_mapping, kv_cache_dtype,
+                             cuda::ScaleSource{.device = static_cast<const float*>(scale.data)},
+                             stream);
+#else
+  (void)stream;
+  detail::unsupported_device(kConcatOp, device);
+#endif
 }
 
 void concat_and_cache_mla_with_q_rope(const TensorView& kv_c, const TensorView& k_pe,
@@ -305,12 +328,14 @@ void concat_and_cache_mla_with_q_rope(const TensorView& kv_c, const TensorView& 
                                                                    {"slot_mapping", &slot_mapping},
                                                                    {"q_rope_src", &q_rope_src},
                                                                    {"q_rope_dst", &q_rope_dst}});
-  validate_concat_and_cache_mla(kv_c, k_pe, kv_cache, slot_mapping, kv_cache_dtype, scale);
+  validate_concat_and_cache_mla(kv_c, k_pe, kv_cache, slot_mapping, kv_cache_dtype);
+  if (kv_cache_dtype == KvCacheDType::kFp8E4m3) check_fp8_scale(kConcatOp, "scale", scale);
   validate_q_rope(q_rope_src, q_rope_dst);
   if (device.is_cuda()) {
 #ifdef MLAKIT_WITH_CUDA
-    return cuda::concat_and_cache_mla(kv_c, k_pe, kv_cache, slot_mapping, kv_cache_dtype, scale,
-                                      q_rope_src, q_rope_dst, stream);
+    return cuda::concat_and_cache_mla(kv_c, k_pe, kv_cache, slot_mapping, kv_cache_dtype,
+                                      cuda::ScaleSource{.value = scale}, q_rope_src, q_rope_dst,
+                                      stream);
 #else
     detail::unsupported_device(kConcatWithQRopeOp, device);
 #endif
@@ -319,31 +344,70 @@ void concat_and_cache_mla_with_q_rope(const TensorView& kv_c, const TensorView& 
   cpu::copy(q_rope_src, q_rope_dst);
 }
 
-void gather_and_maybe_dequant_cache(const TensorView& src_cache, const TensorView& dst,
-                                    const TensorView& block_table, const TensorView& cu_seq_lens,
-                                    const TensorView& token_to_seq, int64_t num_tokens,
-                                    KvCacheDType kv_dtype, float scale,
-                                    const std::optional<TensorView>& seq_starts,
-                                    [[maybe_unused]] Stream stream) {
+namespace {
+
+// The device all tensors of a gather live on (seq_starts too, when given).
+Device gather_device(const TensorView& src_cache, const TensorView& dst,
+                     const TensorView& block_table, const TensorView& cu_seq_lens,
+                     const TensorView& token_to_seq, const std::optional<TensorView>& seq_starts) {
   const Device device = detail::common_device(kGatherOp, {{"src_cache", &src_cache},
                                                           {"dst", &dst},
                                                           {"block_table", &block_table},
                                                           {"cu_seq_lens", &cu_seq_lens},
                                                           {"token_to_seq", &token_to_seq}});
   if (seq_starts) detail::check_device(kGatherOp, "seq_starts", *seq_starts, device);
+  return device;
+}
+
+}  // namespace
+
+void gather_and_maybe_dequant_cache(const TensorView& src_cache, const TensorView& dst,
+                                    const TensorView& block_table, const TensorView& cu_seq_lens,
+                                    const TensorView& token_to_seq, int64_t num_tokens,
+                                    KvCacheDType kv_dtype, float scale,
+                                    const std::optional<TensorView>& seq_starts,
+                                    [[maybe_unused]] Stream stream) {
+  const Device device =
+      gather_device(src_cache, dst, block_table, cu_seq_lens, token_to_seq, seq_starts);
   validate_gather_and_maybe_dequant_cache(src_cache, dst, block_table, cu_seq_lens, token_to_seq,
-                                          num_tokens, kv_dtype, scale, seq_starts);
+                                          num_tokens, kv_dtype, seq_starts);
+  if (kv_dtype == KvCacheDType::kFp8E4m3) check_fp8_scale(kGatherOp, "scale", scale);
   if (device.is_cuda()) {
 #ifdef MLAKIT_WITH_CUDA
-    return cuda::gather_and_maybe_dequant_cache(src_cache, dst, block_table, cu_seq_lens,
-                                                token_to_seq, num_tokens, kv_dtype, scale,
-                                                seq_starts, stream);
+    return cuda::gather_and_maybe_dequant_cache(
+        src_cache, dst, block_table, cu_seq_lens, token_to_seq, num_tokens, kv_dtype,
+        cuda::ScaleSource{.value = scale}, seq_starts, stream);
 #else
     detail::unsupported_device(kGatherOp, device);
 #endif
   }
   cpu::gather_and_maybe_dequant_cache(src_cache, dst, block_table, cu_seq_lens, token_to_seq,
                                       num_tokens, kv_dtype, scale, seq_starts);
+}
+
+void gather_and_maybe_dequant_cache(const TensorView& src_cache, const TensorView& dst,
+                                    const TensorView& block_table, const TensorView& cu_seq_lens,
+                                    const TensorView& token_to_seq, int64_t num_tokens,
+                                    KvCacheDType kv_dtype, const TensorView& scale,
+                                    const std::optional<TensorView>& seq_starts, Stream stream) {
+  const Device device =
+      gather_device(src_cache, dst, block_table, cu_seq_lens, token_to_seq, seq_starts);
+  detail::check_scale_tensor(kGatherOp, "scale", scale, device);
+  if (!device.is_cuda()) {  // a host scale: read now, checked as the float form checks it
+    return gather_and_maybe_dequant_cache(src_cache, dst, block_table, cu_seq_lens, token_to_seq,
+                                          num_tokens, kv_dtype, detail::host_scale_value(scale),
+                                          seq_starts, stream);
+  }
+  validate_gather_and_maybe_dequant_cache(src_cache, dst, block_table, cu_seq_lens, token_to_seq,
+                                          num_tokens, kv_dtype, seq_starts);
+#ifdef MLAKIT_WITH_CUDA
+  cuda::gather_and_maybe_dequant_cache(
+      src_cache, dst, block_table, cu_seq_lens, token_to_seq, num_tokens, kv_dtype,
+      cuda::ScaleSource{.device = static_cast<const float*>(scale.data)}, seq_starts, stream);
+#else
+  (void)stream;
+  detail::unsupported_device(kGatherOp, device);
+#endif
 }
 
 void cp_gather_cache(const TensorView& src_cache, const TensorView& dst,

@@ -94,6 +94,23 @@ mlakit_status_t call(const std::string& op, const Materialized& m) {
         m.dl("token_to_seq"), m.integer("num_tokens"), kv_cache_dtype(m),
         static_cast<float>(m.number("scale")), m.dl("seq_starts"), nullptr);
   }
+  if (op == "concat_and_cache_mla_tensor_scale") {
+    return mlakit_concat_and_cache_mla_tensor_scale(m.dl("kv_c"), m.dl("k_pe"), m.dl("kv_cache"),
+                                                    m.dl("slot_mapping"), kv_cache_dtype(m),
+                                                    m.dl("scale"), nullptr);
+  }
+  if (op == "gather_and_maybe_dequant_cache_tensor_scale") {
+    return mlakit_gather_and_maybe_dequant_cache_tensor_scale(
+        m.dl("src_cache"), m.dl("dst"), m.dl("block_table"), m.dl("cu_seq_lens"),
+        m.dl("token_to_seq"), m.integer("num_tokens"), kv_cache_dtype(m), m.dl("scale"),
+        m.dl("seq_starts"), nullptr);
+  }
+  if (op == "scaled_fp8_quant_tensor_scale") {
+    return mlakit_scaled_fp8_quant_tensor_scale(m.dl("input"), m.dl("out"), m.dl("scale"), nullptr);
+  }
+  if (op == "dynamic_scaled_fp8_quant") {
+    return mlakit_dynamic_scaled_fp8_quant(m.dl("input"), m.dl("out"), m.dl("scale"), nullptr);
+  }
   if (op == "cp_gather_cache") {
     return mlakit_cp_gather_cache(m.dl("src_cache"), m.dl("dst"), m.dl("block_table"),
                                   m.dl("cu_seq_lens"), m.integer("batch_size"), m.dl("seq_starts"),

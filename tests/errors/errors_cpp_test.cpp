@@ -79,6 +79,18 @@ void call(const std::string& op, const Materialized& m) {
         m.view("src_cache"), m.view("dst"), m.view("block_table"), m.view("cu_seq_lens"),
         m.view("token_to_seq"), m.integer("num_tokens"), kv_cache_dtype(m),
         static_cast<float>(m.number("scale")), m.optional_view("seq_starts"));
+  } else if (op == "concat_and_cache_mla_tensor_scale") {
+    ops::concat_and_cache_mla(m.view("kv_c"), m.view("k_pe"), m.view("kv_cache"),
+                              m.view("slot_mapping"), kv_cache_dtype(m), m.view("scale"));
+  } else if (op == "gather_and_maybe_dequant_cache_tensor_scale") {
+    ops::gather_and_maybe_dequant_cache(m.view("src_cache"), m.view("dst"), m.view("block_table"),
+                                        m.view("cu_seq_lens"), m.view("token_to_seq"),
+                                        m.integer("num_tokens"), kv_cache_dtype(m), m.view("scale"),
+                                        m.optional_view("seq_starts"));
+  } else if (op == "scaled_fp8_quant_tensor_scale") {
+    ops::scaled_fp8_quant(m.view("input"), m.view("out"), m.view("scale"));
+  } else if (op == "dynamic_scaled_fp8_quant") {
+    ops::dynamic_scaled_fp8_quant(m.view("input"), m.view("out"), m.view("scale"));
   } else if (op == "cp_gather_cache") {
     ops::cp_gather_cache(m.view("src_cache"), m.view("dst"), m.view("block_table"),
                          m.view("cu_seq_lens"), m.integer("batch_size"),

@@ -1,9 +1,13 @@
-"""Helpers shared by the compat modules: host reads of scalar tensors and argument checks.
+"""Helpers shared by the compat modules: scales read on the device or on the host, host reads of
+index tensors, and argument checks.
 
-Reading a tensor's value on the host is what the CPU path needs. For CUDA tensors it is a
-device-to-host copy that synchronises the stream and cannot be captured in a CUDA graph; the GPU
-path must read such scales on the device instead (not done yet, docs/python.md).
+Reading a tensor's value on the host is what the CPU path does. For CUDA tensors it is a
+device-to-host copy that synchronises the stream and cannot be captured in a CUDA graph, so a
+scale given as a CUDA tensor goes to the library as a tensor and its kernels read it
+(scale_arg); index tensors read with host_ints still synchronise (docs/python.md).
 """
+
+import torch
 
 from .. import ops as _ops
 
@@ -22,6 +26,14 @@ def host_scale(value, op, name):
         return _ops.to_float(value, name)
     except (TypeError, ValueError) as e:
         fail(op, str(e).removeprefix("mlakit: "), type(e))
+
+
+def scale_arg(value, op, name):
+    """A scale as the mlakit op should take it: a tensor on a CUDA device as it is (the kernel
+    reads it; never read here), anything else as a Python float read on the host (host_scale)."""
+    if isinstance(value, torch.Tensor) and value.device.type == "cuda":
+        return value
+    return host_scale(value, op, name)
 
 
 def host_ints(tensor, op, name, length=None):

@@ -1,5 +1,5 @@
 """vLLM's MLA ops (``vllm._custom_ops``) over mlakit: same names, argument orders and semantics,
-on torch tensors (CPU; CUDA tensors go through the same code, see "Not done yet").
+on torch tensors (CPU and CUDA; CUDA-graph safety per function below and in docs/python.md).
 
 Contract, as vLLM's public ops define it:
 
@@ -16,19 +16,24 @@ Contract, as vLLM's public ops define it:
 
 The ops write into the tensors passed in and return None, except scaled_fp8_quant. Scales that
 vLLM passes as tensors (``scale``, ``k_scale``, ``output_scale``, ``scale_ub``) are accepted as
-one-element tensors or Python floats.
+one-element tensors or Python floats. A scale that is a float32 tensor on a CUDA device is read by
+the kernels on the device (no host read, no synchronisation), so these calls can be captured in a
+CUDA graph and a replay uses the value the scale tensor holds then; a value there that is not
+finite and > 0 gives NaN outputs and is reported by mlakit.check_device_errors. Scales on the host
+(and Python floats) are read on the host, as before.
 
-Not done yet (GPU): tensor scales, ``seq_lens`` / ``workspace_starts`` and
-``prefill_tokens_with_context`` given as tensors are read on the host. On CPU that is free; for
-CUDA tensors it synchronises the stream and breaks CUDA-graph capture, so the GPU path must read
-them on the device instead. None of these functions has been run under CUDA-graph capture or
-torch.compile.
+CUDA-graph safe with CUDA tensors (no host read, no synchronisation): concat_and_cache_mla,
+gather_and_maybe_dequant_cache, cp_gather_cache, merge_attn_states (also with output_scale, and
+prefill_tokens_with_context as an int), scaled_fp8_quant (static, dynamic per-tensor and dynamic
+per-token). Not yet: cp_gather_and_upconvert_fp8_kv_cache reads seq_lens / workspace_starts on the
+host (a synchronisation for CUDA tensors). The CUDA paths are tested on a GPU by
+python/tests/test_compat_vllm_cuda.py (skipped without one); none has run under torch.compile.
 """
 
 import torch
 
 from .. import ops as _ops
-from ._common import FP8_E4M3_MAX, fail, host_ints, host_scale, require_dtype, require_ndim
+from ._common import FP8_E4M3_MAX, fail, host_ints, require_dtype, require_ndim, scale_arg
 
 FP8_DTYPE = torch.float8_e4m3fn  # vLLM's fp8 activation / cache dtype on NVIDIA (OCP e4m3fn)
 
@@ -51,9 +56,9 @@ def concat_and_cache_mla(kv_c, k_pe, kv_cache, slot_mapping, kv_cache_dtype, sca
     (written); slot_mapping: int64 [T] (T <= T'); kv_cache_dtype: 'auto' (W = L + R, the
     activation dtype), 'fp8' / 'fp8_e4m3' (W = L + R bytes, e4m3(x / scale)) or 'fp8_ds_mla'
     (W = 656 bytes, per-128-value tile scales; ``scale`` unused); scale: one-element tensor or
-    float (read on the host; the GPU path must read it on the device, not done yet)."""
+    float (a CUDA tensor, float32, is read by the kernel; others on the host)."""
     _ops.concat_and_cache_mla(kv_c, k_pe, kv_cache, slot_mapping, kv_cache_dtype,
-                              host_scale(scale, "vllm.concat_and_cache_mla", "scale"))
+                              scale_arg(scale, "vllm.concat_and_cache_mla", "scale"))
 
 
 def gather_and_maybe_dequant_cache(src_cache, dst, block_table, cu_seq_lens, token_to_seq,
@@ -65,10 +70,11 @@ def gather_and_maybe_dequant_cache(src_cache, dst, block_table, cu_seq_lens, tok
 
     src_cache: [num_blocks, block_size, W]; dst: [>= num_tokens, L + R] (written); block_table:
     int32 [B, max_blocks]; cu_seq_lens: int32 [B + 1]; token_to_seq: int32 [>= num_tokens];
-    scale: one-element tensor or float (read on the host; GPU: not done yet)."""
+    scale: one-element tensor or float (a CUDA tensor, float32, is read by the kernel; others on
+    the host)."""
     _ops.gather_and_maybe_dequant_cache(
         src_cache, dst, block_table, cu_seq_lens, token_to_seq, num_tokens, kv_cache_dtype,
-        host_scale(scale, "vllm.gather_and_maybe_dequant_cache", "scale"), seq_starts)
+        scale_arg(scale, "vllm.gather_and_maybe_dequant_cache", "scale"), seq_starts)
 
 
 def cp_gather_cache(src_cache, dst, block_table, cu_seq_lens, batch_size, seq_starts=None):
@@ -95,8 +101,7 @@ def cp_gather_and_upconvert_fp8_kv_cache(src_cache, dst, block_table, seq_lens,
     src_cache: uint8 (or float8_e4m3fn) [num_blocks, block_size, 656]; dst: bf16 [rows, 576]
     (written); block_table: int32 [>= batch_size, max_blocks]; seq_lens, workspace_starts:
     integer [>= batch_size]. seq_lens and workspace_starts are read on the host (free on CPU; a
-    synchronisation for CUDA tensors: the GPU path must read them on the device, not done
-    yet)."""
+    synchronisation for CUDA tensors, so this one is not CUDA-graph safe yet)."""
     op = "vllm.cp_gather_and_upconvert_fp8_kv_cache"
     require_ndim(op, "src_cache", src_cache, 3, "[num_blocks, block_size, 656]")
     require_dtype(op, "src_cache", src_cache, (torch.uint8, FP8_DTYPE))
@@ -159,8 +164,9 @@ def merge_attn_states(output, prefix_output, prefix_lse, suffix_output, suffix_l
 
     output, prefix_output, suffix_output: [T, H, D] (output written; it may be the same view as
     an input); prefix_lse, suffix_lse: float32 [H, T]; output_lse: float32 [H, T] (written) or
-    None; prefill_tokens_with_context: int in [0, T] or None; output_scale: one-element tensor or
-    float (read on the host; GPU: not done yet) or None."""
+    None; prefill_tokens_with_context: int in [0, T] or None (a tensor is read on the host);
+    output_scale: one-element tensor or float (a CUDA tensor, float32, is read by the kernel;
+    others on the host) or None."""
     op = "vllm.merge_attn_states"
     require_ndim(op, "output", output, 3, "[num_tokens, num_heads, head_size]")
     _check_merge_shapes(op, output, prefix_output, prefix_lse, suffix_output, suffix_lse,
@@ -176,7 +182,7 @@ def merge_attn_states(output, prefix_output, prefix_lse, suffix_output, suffix_l
                          output_lse, merged)
         return
     require_dtype(op, "output (with output_scale)", output, (FP8_DTYPE,))
-    scale = host_scale(output_scale, op, "output_scale")
+    scale = scale_arg(output_scale, op, "output_scale")
     staged = torch.empty(output.shape, dtype=torch.float32, device=output.device)
     _merge_then_copy(staged, prefix_output, prefix_lse, suffix_output, suffix_lse, output_lse,
                      merged)
@@ -228,14 +234,17 @@ def scaled_fp8_quant(input, scale=None, num_token_padding=None, scale_ub=None,
       in f32; the scale returned is the one passed in.
     - dynamic per-tensor (no scale): scale = amax(|input|) / 448 in f32, a float32 tensor of
       shape [1] on input's device, then the static quantization with it. An all-zero input gives
-      scale 0 and out 0.
+      scale 0 and out 0. Input holding inf or NaN: CPU raises; CUDA writes NaN codes and
+      mlakit.check_device_errors reports it.
     - dynamic per-token (no scale, use_per_token_if_dynamic): row t's scale is
       max(min(amax_t, scale_ub) / 448, 1 / (448 * 512)) (float32 [rows, 1]), out row t =
       e4m3(clamp(input[t] / scale_t, -448, 448)) in f32.
 
     num_token_padding: the output (and a per-token scale) gets max(num_token_padding, T) rows;
     rows past T are left unwritten. output: a float8_e4m3fn [T, H] tensor to write (not together
-    with num_token_padding). Tensor scales are read on the host (GPU: not done yet)."""
+    with num_token_padding). A CUDA input with a float32 CUDA scale (static) or no scale
+    (dynamic) runs without any host read; scale_ub may be a CUDA tensor. CPU tensors: scales
+    are read on the host."""
     op = "vllm.scaled_fp8_quant"
     require_ndim(op, "input", input, 2, "[num_tokens, hidden_size]")
     tokens, hidden = input.shape
@@ -251,7 +260,7 @@ def scaled_fp8_quant(input, scale=None, num_token_padding=None, scale_ub=None,
                      f"{tuple(output.shape)}")
     target = output[:tokens]
     if scale is not None:
-        _ops.static_scaled_fp8_quant(target, input, host_scale(scale, op, "scale"))
+        _ops.static_scaled_fp8_quant(target, input, scale_arg(scale, op, "scale"))
         return output, scale
     if use_per_token_if_dynamic:
         return output, _quant_per_token(input, target, rows, scale_ub)
@@ -259,12 +268,18 @@ def scaled_fp8_quant(input, scale=None, num_token_padding=None, scale_ub=None,
 
 
 def _quant_per_tensor(input, target):
-    """Dynamic per-tensor quantization of input into target; returns the float32 [1] scale."""
+    """Dynamic per-tensor quantization of input into target; returns the float32 [1] scale. On
+    CUDA both the scale and the codes are computed on the device (mlakit's
+    dynamic_scaled_fp8_quant); on the CPU the scale is read on the host."""
+    if input.device.type == "cuda":
+        scale = torch.empty(1, dtype=torch.float32, device=input.device)
+        _ops.dynamic_scaled_fp8_quant(target, input, scale)
+        return scale
     if input.numel() == 0:
         return torch.zeros(1, dtype=torch.float32, device=input.device)
     amax = input.detach().abs().amax().to(torch.float32)
     scale = (amax / FP8_E4M3_MAX).reshape(1)  # f32 division, like vLLM's kernel
-    value = float(scale.item())  # host read (GPU: a synchronisation; not done on the device yet)
+    value = float(scale.item())  # a host read: CPU tensors only
     if value == 0.0:  # all-zero input: every code is 0, a zero scale cannot be inverted
         target.zero_()
     else:

@@ -5,11 +5,13 @@
 #pragma once
 
 #include <cstdint>
+#include <type_traits>
 
 #include "cuda/cache/addressing.cuh"
 #include "cuda/cache/kvcache_constants.cuh"
 #include "cuda/common/elements.cuh"
 #include "cuda/common/pack.cuh"
+#include "cuda/common/scale_source.cuh"
 
 namespace mlakit::cuda {
 
@@ -28,9 +30,15 @@ __global__ void gather_raw_kernel(const __grid_constant__ GatherParams p) {
 }
 
 // kAuto with a dtype change (Op = Identity) or kFp8E4m3 (In = E4m3, Op = MultiplyBy{scale}):
-// dst[i] = Out(op(In(entry[i]))), packs of kVec values (kVec divides W).
+// dst[i] = Out(op(In(entry[i]))), packs of kVec values (kVec divides W). The scale is resolved
+// here (scale_source.cuh): one read on the device that is not finite and > 0 makes the rows NaN.
+// Only gather_and_maybe_dequant_cache passes a device scale (its error bit).
 template <class In, class Out, int kVec, class Op>
-__global__ void gather_convert_kernel(const __grid_constant__ GatherParams p, Op op) {
+__global__ void gather_convert_kernel(const __grid_constant__ GatherParams p) {
+  Op op{};
+  if constexpr (std::is_same_v<Op, MultiplyBy>) {
+    op = MultiplyBy{resolve_scale(p.scale, p.error_word, kGatherBadScale)};
+  }
   constexpr int64_t kInBytes = sizeof(typename In::Storage);
   constexpr int64_t kOutBytes = sizeof(typename Out::Storage);
   const int64_t packs = p.width / kVec;

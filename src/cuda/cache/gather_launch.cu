@@ -38,11 +38,10 @@ int64_t raw_row_unit(const Params& p) {
                                    static_cast<uint64_t>(p.row_bytes)});
 }
 
-template <class Kernel, class... Extra>
-void launch_gather(Kernel kernel, const char* name, const GatherParams& p, cudaStream_t stream,
-                   const Extra&... extra) {
+template <class Kernel>
+void launch_gather(Kernel kernel, const char* name, const GatherParams& p, cudaStream_t stream) {
   const int64_t blocks = grid_blocks(p.num_tokens, kWarpsPerBlock);
-  kernel<<<static_cast<unsigned>(blocks), kThreadsPerBlock, 0, stream>>>(p, extra...);
+  kernel<<<static_cast<unsigned>(blocks), kThreadsPerBlock, 0, stream>>>(p);
   check_launch(kGatherOp, name);
 }
 
@@ -53,9 +52,10 @@ void gather_raw(const GatherParams& p, cudaStream_t stream) {
   });
 }
 
-// dst[t, i] = Out(op(In(entry[i]))) in packs of 16 bytes on the wider side when aligned.
+// dst[t, i] = Out(op(In(entry[i]))) in packs of 16 bytes on the wider side when aligned; Op is
+// Identity or MultiplyBy (by p.scale, gather_convert_kernel).
 template <class In, class Out, class Op>
-void gather_convert(const GatherParams& p, const Op& op, cudaStream_t stream) {
+void gather_convert(const GatherParams& p, cudaStream_t stream) {
   constexpr int64_t kIn = sizeof(typename In::Storage), kOut = sizeof(typename Out::Storage);
   // Values per pack: the wider of the two sides moves 16 bytes.
   constexpr int kVec = static_cast<int>(16 / std::max(kIn, kOut));
@@ -64,10 +64,9 @@ void gather_convert(const GatherParams& p, const Op& op, cudaStream_t stream) {
                                      kVec * kOut) == kVec * kOut;
   if (fits) {
     return launch_gather(gather_convert_kernel<In, Out, kVec, Op>, "gather_convert_kernel<vector>",
-                         p, stream, op);
+                         p, stream);
   }
-  launch_gather(gather_convert_kernel<In, Out, 1, Op>, "gather_convert_kernel<scalar>", p, stream,
-                op);
+  launch_gather(gather_convert_kernel<In, Out, 1, Op>, "gather_convert_kernel<scalar>", p, stream);
 }
 
 void gather_ds_mla(DType out, const GatherParams& p, cudaStream_t stream) {
@@ -84,20 +83,21 @@ void gather_ds_mla(DType out, const GatherParams& p, cudaStream_t stream) {
   });
 }
 
-// Launches the gather kernel that dequantizes `src_dtype` entries (kv_dtype) into dst's dtype.
+// Launches the gather kernel that dequantizes `src_dtype` entries (kv_dtype, p.scale) into dst's
+// dtype.
 void launch_dequant_gather(const GatherParams& p, DType src_dtype, DType dst_dtype,
-                           KvCacheDType kv_dtype, float scale, cudaStream_t s) {
+                           KvCacheDType kv_dtype, cudaStream_t s) {
   switch (kv_dtype) {
     case KvCacheDType::kAuto:
       if (src_dtype == dst_dtype) return gather_raw(p, s);
       return dispatch_float(kGatherOp, src_dtype, [&](auto in) {
         dispatch_float(kGatherOp, dst_dtype, [&](auto out) {
-          gather_convert<decltype(in), decltype(out)>(p, Identity{}, s);
+          gather_convert<decltype(in), decltype(out), Identity>(p, s);
         });
       });
     case KvCacheDType::kFp8E4m3:
       return dispatch_float(kGatherOp, dst_dtype, [&](auto out) {
-        gather_convert<E4m3, decltype(out)>(p, MultiplyBy{scale}, s);
+        gather_convert<E4m3, decltype(out), MultiplyBy>(p, s);
       });
     case KvCacheDType::kFp8DsMla:
       return gather_ds_mla(dst_dtype, p, s);
@@ -109,7 +109,7 @@ void launch_dequant_gather(const GatherParams& p, DType src_dtype, DType dst_dty
 void gather_and_maybe_dequant_cache(const TensorView& src_cache, const TensorView& dst,
                                     const TensorView& block_table, const TensorView& cu_seq_lens,
                                     const TensorView& token_to_seq, int64_t num_tokens,
-                                    KvCacheDType kv_dtype, float scale,
+                                    KvCacheDType kv_dtype, ScaleSource scale,
                                     const std::optional<TensorView>& seq_starts, Stream stream) {
   if (num_tokens == 0) return;
   DeviceGuard guard(dst.device, kGatherOp);
@@ -121,7 +121,7 @@ void gather_and_maybe_dequant_cache(const TensorView& src_cache, const TensorVie
   p.num_tokens = num_tokens;
   p.width = static_cast<int>(dst.shape[1]);
   p.scale = scale;
-  launch_dequant_gather(p, src_cache.dtype, dst.dtype, kv_dtype, scale, as_cuda_stream(stream));
+  launch_dequant_gather(p, src_cache.dtype, dst.dtype, kv_dtype, as_cuda_stream(stream));
 }
 
 void gather_rows_and_maybe_dequant(const TensorView& src, const TensorView& dst,
@@ -140,8 +140,8 @@ void gather_rows_and_maybe_dequant(const TensorView& src, const TensorView& dst,
   p.row_index_stride = row_index.strides[0];
   p.num_tokens = num_tokens;
   p.width = static_cast<int>(dst.shape[1]);
-  p.scale = scale;
-  launch_dequant_gather(p, src.dtype, dst.dtype, kv_dtype, scale, as_cuda_stream(stream));
+  p.scale = ScaleSource{.value = scale};
+  launch_dequant_gather(p, src.dtype, dst.dtype, kv_dtype, as_cuda_stream(stream));
 }
 
 void cp_gather_cache(const TensorView& src_cache, const TensorView& dst,

@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <optional>
 
+#include "cuda/common/scale_source.hpp"
 #include "mlakit/config.hpp"
 #include "mlakit/types.hpp"
 
@@ -18,15 +19,17 @@ namespace mlakit::cuda {
 // k_pe:         [T', R]  dtype of kv_c, last dim contiguous
 // kv_cache:     [num_blocks, block_size, entry_width]  entry contiguous, entries do not overlap
 // slot_mapping: i64 [T], T <= T'
+// k_scale:      kFp8E4m3 only: a host value (checked by the op) or a device f32 [1] that the kernel
+//               reads (not finite and > 0: NaN codes and kConcatBadScale)
 void concat_and_cache_mla(const TensorView& kv_c, const TensorView& k_pe,
                           const TensorView& kv_cache, const TensorView& slot_mapping,
-                          KvCacheDType kv_dtype, float k_scale, Stream stream);
+                          KvCacheDType kv_dtype, ScaleSource k_scale, Stream stream);
 // The same launch also copies q_rope_dst = q_rope_src bit for bit
 // (ops/cache_write_with_q_rope.hpp): q_rope_src: [Td, N, R]  activation dtype, last dim contiguous
 // q_rope_dst: [Td, N, R]  same dtype, last dim contiguous, elements distinct; both empty: no copy
 void concat_and_cache_mla(const TensorView& kv_c, const TensorView& k_pe,
                           const TensorView& kv_cache, const TensorView& slot_mapping,
-                          KvCacheDType kv_dtype, float k_scale, const TensorView& q_rope_src,
+                          KvCacheDType kv_dtype, ScaleSource k_scale, const TensorView& q_rope_src,
                           const TensorView& q_rope_dst, Stream stream);
 
 // src_cache:    [num_blocks, block_size, entry_width]
@@ -35,10 +38,12 @@ void concat_and_cache_mla(const TensorView& kv_c, const TensorView& k_pe,
 // cu_seq_lens:  i32 [B + 1]
 // token_to_seq: i32 [>= num_tokens]
 // seq_starts:   i32 [>= B] or absent
+// scale:        kFp8E4m3 only: a host value (checked by the op) or a device f32 [1] that the kernel
+//               reads (not finite and > 0: NaN rows and kGatherBadScale)
 void gather_and_maybe_dequant_cache(const TensorView& src_cache, const TensorView& dst,
                                     const TensorView& block_table, const TensorView& cu_seq_lens,
                                     const TensorView& token_to_seq, int64_t num_tokens,
-                                    KvCacheDType kv_dtype, float scale,
+                                    KvCacheDType kv_dtype, ScaleSource scale,
                                     const std::optional<TensorView>& seq_starts, Stream stream);
 
 // src:       [rows, entry_width]  entry contiguous

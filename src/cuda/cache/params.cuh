@@ -4,6 +4,8 @@
 
 #include <cstdint>
 
+#include "cuda/common/scale_source.hpp"
+
 namespace mlakit::cuda {
 
 // A [num_blocks, block_size, W] cache; entry (block, offset) starts at
@@ -43,7 +45,7 @@ struct CacheWriteParams {
   int latent = 0;                  // L
   int rope = 0;                    // R
   int64_t elem_bytes = 0;          // bytes of one activation value
-  float k_scale = 1.0f;            // kFp8E4m3: stored = e4m3(x / k_scale)
+  ScaleSource k_scale;             // kFp8E4m3: stored = e4m3(x / k_scale)
   uint32_t* error_word = nullptr;  // device_errors.hpp
   // concat_and_cache_mla_with_q_rope: the decode queries' rope part [Td, N, R] into the absorbed
   // query buffer, by the same launch; rows 0 otherwise.
@@ -77,7 +79,7 @@ struct GatherParams {
   RequestIndex index;
   int width = 0;          // W: values per dst row
   int64_t row_bytes = 0;  // raw gathers: bytes moved per row (W * elem)
-  float scale = 1.0f;     // kFp8E4m3: value = fp8 * scale
+  ScaleSource scale;      // kFp8E4m3: value = fp8 * scale
   uint32_t* error_word = nullptr;
 };
 

@@ -11,6 +11,7 @@
 #include "cuda/cache/kvcache_constants.cuh"
 #include "cuda/common/elements.cuh"
 #include "cuda/common/pack.cuh"
+#include "cuda/common/scale_source.cuh"
 
 namespace mlakit::cuda {
 
@@ -46,13 +47,14 @@ __global__ void write_raw_kernel(const __grid_constant__ CacheWriteParams p) {
   }
 }
 
-// kFp8E4m3: entry[i] = e4m3(x[i] / k_scale), packs of kVec values (kVec divides L and R).
+// kFp8E4m3: entry[i] = e4m3(x[i] / k_scale), packs of kVec values (kVec divides L and R). A
+// k_scale read on the device that is not finite and > 0 writes NaN codes (scale_source.cuh).
 template <class In, int kVec>
 __global__ void write_fp8_kernel(const __grid_constant__ CacheWriteParams p) {
   copy_head_rows(p.q_rope);
   constexpr int64_t kInBytes = sizeof(typename In::Storage);
   const int64_t packs = (p.latent + p.rope) / kVec;
-  const DivideBy op{p.k_scale};
+  const DivideBy op{resolve_scale(p.k_scale, p.error_word, kConcatBadScale)};
   for (int64_t t = global_warp(); t < p.num_tokens; t += grid_warps()) {
     char* entry = write_entry(p, t);
     if (entry == nullptr) continue;

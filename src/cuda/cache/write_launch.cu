@@ -96,14 +96,14 @@ HeadRowsCopy head_rows_copy(const TensorView& src, const TensorView& dst) {
 
 void concat_and_cache_mla(const TensorView& kv_c, const TensorView& k_pe,
                           const TensorView& kv_cache, const TensorView& slot_mapping,
-                          KvCacheDType kv_dtype, float k_scale, Stream stream) {
+                          KvCacheDType kv_dtype, ScaleSource k_scale, Stream stream) {
   concat_and_cache_mla(kv_c, k_pe, kv_cache, slot_mapping, kv_dtype, k_scale, /*q_rope_src=*/{},
                        /*q_rope_dst=*/{}, stream);
 }
 
 void concat_and_cache_mla(const TensorView& kv_c, const TensorView& k_pe,
                           const TensorView& kv_cache, const TensorView& slot_mapping,
-                          KvCacheDType kv_dtype, float k_scale, const TensorView& q_rope_src,
+                          KvCacheDType kv_dtype, ScaleSource k_scale, const TensorView& q_rope_src,
                           const TensorView& q_rope_dst, Stream stream) {
   const HeadRowsCopy q_rope = head_rows_copy(q_rope_src, q_rope_dst);
   if (slot_mapping.shape[0] == 0 && q_rope.rows == 0) return;

@@ -67,6 +67,17 @@ constexpr BitMessage kMessages[] = {
     {kDcpSlotBadIndex,
      "dcp_slot_mapping: a token_to_req value was not a block_table row, or its local position "
      "needed a block column beyond the table or a negative block id (that token got slot -1)"},
+    {kConcatBadScale,
+     "concat_and_cache_mla: the scale tensor held a value that is not finite and > 0 (the "
+     "fp8_e4m3 entries of that call were written as NaN codes)"},
+    {kGatherBadScale,
+     "gather_and_maybe_dequant_cache: the scale tensor held a value that is not finite and > 0 "
+     "(the fp8_e4m3 rows of that call were written as NaN)"},
+    {kQuantBadScale,
+     "scaled_fp8_quant: the scale tensor held a value that is not finite and > 0 with a finite "
+     "reciprocal, or dynamic_scaled_fp8_quant's scale amax(|input|) / 448 had none (input held "
+     "inf or NaN, or only magnitudes below ~1.3e-36) (out of that call was written as NaN "
+     "codes)"},
 };
 
 struct Symbols {
@@ -113,7 +124,7 @@ void check_device_errors(Device device, Stream stream) {
              "cudaMemcpyAsync(error snapshot)");
   check_cuda(cudaStreamSynchronize(s), kOp, "cudaStreamSynchronize");
   if (bits == 0) return;
-  std::string message = detail::str_cat(device_name(device), " device-side index check failed:");
+  std::string message = detail::str_cat(device_name(device), " device-side check failed:");
   for (const BitMessage& m : kMessages) {
     if (bits & m.bit) message += detail::str_cat(" ", m.text, ";");
   }

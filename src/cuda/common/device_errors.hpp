@@ -31,6 +31,10 @@ enum DeviceErrorBit : uint32_t {
   kDecodePlanOverflow = 1u << 12,       // the decode work plan outgrew its proven bounds (a bug)
   kGatherRowOutOfRange = 1u << 13,      // row_index[t] not in [0, rows of src)
   kDcpSlotBadIndex = 1u << 14,          // token_to_req, block column or block id of a token bad
+  // A scale read on the device (cuda/common/scale_source.hpp) that is not finite and > 0.
+  kConcatBadScale = 1u << 15,  // concat_and_cache_mla's scale tensor (fp8_e4m3)
+  kGatherBadScale = 1u << 16,  // gather_and_maybe_dequant_cache's scale tensor (fp8_e4m3)
+  kQuantBadScale = 1u << 17,   // scaled_fp8_quant's scale, or a dynamic scale of inf/NaN input
 };
 
 // Device address of the error word of the current device (a __device__ variable; no allocation).
@@ -39,7 +43,7 @@ uint32_t* device_error_word(const char* op);
 
 // Waits for `stream`, then reads and clears the error word of `device`. Throws
 // mlakit::Error(kOutOfRange) listing every kind of bad index seen since the last check, e.g.
-// "cuda:0 device-side index check failed: concat_and_cache_mla: a slot_mapping value was >=
+// "cuda:0 device-side check failed: concat_and_cache_mla: a slot_mapping value was >=
 // num_blocks * block_size (that token was skipped)". The word is per device: bits set by kernels
 // on other streams are reported too once they have run. Synchronizes: not during graph capture.
 void check_device_errors(Device device, Stream stream = {});

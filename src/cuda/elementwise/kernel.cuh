@@ -5,7 +5,9 @@
 
 #include <cstdint>
 
+#include "cuda/common/device_errors.cuh"
 #include "cuda/common/pack.cuh"
+#include "cuda/common/scale_source.cuh"
 #include "cuda/elementwise/params.cuh"
 
 namespace mlakit::cuda {
@@ -51,11 +53,46 @@ __global__ void zero_bytes_kernel(const __grid_constant__ ElementwiseParams p) {
   for_each_unit(p.layout, [&](int64_t, int64_t d) { *reinterpret_cast<U*>(p.dst + d) = U{}; });
 }
 
+// The quantization op of scaled_fp8_quant with a scale read where the kernel runs:
+// x * (1 / scale), the reciprocal by __frcp_rn (IEEE round to nearest, as the host path's
+// 1.0f / scale). A scale that is not finite and > 0 with a finite reciprocal gives NaN codes and
+// kQuantBadScale. zero_gives_zero (the dynamic quant, whose scale amax(|x|) / 448 is 0 only when
+// every x is +-0) turns scale 0 into code 0 for every element instead.
+struct DeviceQuantScale {
+  const float* scale = nullptr;  // [1] f32 on the kernel's device
+  uint32_t* error_word = nullptr;
+  bool zero_gives_zero = false;
+};
+
+// x * factor in f32, or +0 for every x when zero is set.
+struct QuantFactor {
+  float factor;
+  bool zero;
+  __device__ __forceinline__ float operator()(float x) const {
+    return zero ? 0.0f : __fmul_rn(x, factor);
+  }
+};
+
+// The op a thread applies: a plain op as it is, a device scale read once per thread.
+template <class Op>
+__device__ __forceinline__ const Op& resolved(const Op& op) {
+  return op;
+}
+__device__ __forceinline__ QuantFactor resolved(const DeviceQuantScale& s) {
+  const float scale = __ldg(s.scale);
+  if (s.zero_gives_zero && scale == 0.0f) return {0.0f, true};
+  const float inv = __frcp_rn(scale);
+  if (usable_scale(scale) && usable_scale(inv)) return {inv, false};
+  if (blockIdx.x == 0 && threadIdx.x == 0) raise_device_error(s.error_word, kQuantBadScale);
+  return {__uint_as_float(0x7fc00000u), false};  // NaN: every code NaN
+}
+
 // dst pack = Out(op(In(src pack))), kVec elements a unit.
 template <class In, class Out, int kVec, class Op>
 __global__ void convert_kernel(const __grid_constant__ ElementwiseParams p, Op op) {
+  const auto& f = resolved(op);
   for_each_unit(p.layout, [&](int64_t s, int64_t d) {
-    convert_pack<In, Out, kVec>(p.src + s, p.dst + d, op);
+    convert_pack<In, Out, kVec>(p.src + s, p.dst + d, f);
   });
 }
 

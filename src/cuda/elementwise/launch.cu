@@ -1,6 +1,7 @@
 // Grids and dispatch of the elementwise kernels (kernel.cuh).
 #include "core/check.hpp"
 #include "cuda/common/alignment.hpp"
+#include "cuda/common/device_errors.hpp"
 #include "cuda/common/dispatch.cuh"
 #include "cuda/common/launch.cuh"
 #include "cuda/common/runtime.hpp"
@@ -155,6 +156,18 @@ void scaled_fp8_quant(const TensorView& x, const TensorView& out, float inv_scal
   DeviceGuard guard(x.device, kOp);
   dispatch_float(kOp, x.dtype, [&](auto in) {
     convert<decltype(in), E4m3>(kOp, x, out, MultiplyBy{inv_scale}, as_cuda_stream(stream));
+  });
+}
+
+void scaled_fp8_quant(const TensorView& x, const TensorView& out, const float* scale,
+                      bool zero_scale_gives_zero, Stream stream) {
+  constexpr const char* kOp = "scaled_fp8_quant";
+  if (x.numel() == 0) return;
+  check_element_aligned(kOp, "x", x);
+  DeviceGuard guard(x.device, kOp);
+  const DeviceQuantScale op{scale, device_error_word(kOp), zero_scale_gives_zero};
+  dispatch_float(kOp, x.dtype, [&](auto in) {
+    convert<decltype(in), E4m3>(kOp, x, out, op, as_cuda_stream(stream));
   });
 }
 
