@@ -4,6 +4,8 @@
 # (git-ignored), to be carried to the GPU machine. Not copied: the C/C++ runtime (the machine's
 # newer glibc and libstdc++ serve), the CUDA driver, runtime and cuBLAS (the machine has CUDA 13).
 #   bash scripts/device/collect.sh        -> .devbin/programs.tar.gz (bin/*, libmlakit_c.so), .devbin/lib.tar.gz
+#   ONLY="decode_cuda_test bench_gpu_decode" bash scripts/device/collect.sh   -> just those programs
+#   (the ones check.sh's ONLY will run; build them with cmake --build --preset cuda --target ...)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 BUILD=${BUILD:-build/cuda}
@@ -18,6 +20,7 @@ for source in tests/cuda/*_test.cpp bench/bench_gpu_*.cpp bench/bench_gpu_*.cu; 
   [ -e "$source" ] || continue
   name=$(basename "$source")
   name=${name%.*}
+  if [ -n "${ONLY:-}" ] && [[ " $ONLY " != *" $name "* ]]; then continue; fi
   binary=""
   for dir in "$BUILD/tests" "$BUILD/bench"; do
     if [ -x "$dir/$name" ]; then binary="$dir/$name"; fi
