@@ -189,12 +189,12 @@ MLAKIT_API mlakit_status_t mlakit_scaled_fp8_quant_tensor_scale(const DLTensor* 
                                                                 const DLTensor* out,
                                                                 const DLTensor* scale,
                                                                 void* stream);
-/* Dynamic per-tensor fp8 quantization: scale (float32, one element, input's device; written) =
- * amax(|input|) / 448 in f32, then out as mlakit_scaled_fp8_quant_tensor_scale with it. An
- * all-zero or empty input gives scale 0 and every code 0. On CUDA all of it runs on the device
- * (capturable). A scale with no finite reciprocal (inf or NaN in input): the CPU writes scale and
- * returns MLAKIT_ERROR_INVALID_ARGUMENT; CUDA writes NaN codes and reports it through
- * mlakit_check_device_errors. */
+/* Dynamic per-tensor fp8 quantization: scale (float32, one element, input's device, not
+ * overlapping input or out; written) = amax(|input|) / 448 in f32, then out as
+ * mlakit_scaled_fp8_quant_tensor_scale with it. An all-zero or empty input gives scale 0 and
+ * every code 0. On CUDA all of it runs on the device (capturable). A scale with no finite
+ * reciprocal (inf or NaN in input): the CPU writes scale and returns MLAKIT_ERROR_INVALID_ARGUMENT;
+ * CUDA writes NaN codes and reports it through mlakit_check_device_errors. */
 MLAKIT_API mlakit_status_t mlakit_dynamic_scaled_fp8_quant(const DLTensor* input,
                                                            const DLTensor* out,
                                                            const DLTensor* scale, void* stream);

@@ -132,7 +132,7 @@ void scaled_fp8_quant(const TensorView& input, const TensorView& out, const Tens
 // writes scale and throws kInvalidArgument before writing out; CUDA writes scale and NaN codes
 // and records it for check_device_errors.
 // input: any float dtype, any strides; out: kFp8E4m3/kU8 of input's shape
-// scale: f32 one-element tensor on input's device (written)
+// scale: f32 one-element tensor on input's device (written), not overlapping input or out
 void dynamic_scaled_fp8_quant(const TensorView& input, const TensorView& out,
                               const TensorView& scale, Stream stream = {});
 

@@ -216,7 +216,7 @@ def dynamic_scaled_fp8_quant(out, input, scale):
     writing scale; CUDA writes NaN codes and check_device_errors reports it.
 
     out: float8_e4m3fn or uint8, the shape of input (written); scale: one-element float32
-    array/tensor on input's device (written)."""
+    array/tensor on input's device, not overlapping input or out (written)."""
     x = describe(input, "input")
     o = describe(out, "out", writable=True)
     sc = describe(scale, "scale", writable=True)

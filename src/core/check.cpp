@@ -143,6 +143,20 @@ float host_scale_value(const TensorView& t) {
   return value;
 }
 
+bool views_overlap(const TensorView& a, const TensorView& b) {
+  auto range = [](const TensorView& t, const char** first, const char** last) {
+    *first = *last = static_cast<const char*>(t.data);
+    if (t.numel() == 0) return;
+    int64_t last_elem = 0;
+    for (int d = 0; d < t.ndim; ++d) last_elem += (t.shape[d] - 1) * t.strides[d];
+    *last += (last_elem + 1) * t.element_size();
+  };
+  const char *a0, *a1, *b0, *b1;
+  range(a, &a0, &a1);
+  range(b, &b0, &b1);
+  return a0 < b1 && b0 < a1;
+}
+
 }  // namespace mlakit::detail
 
 namespace mlakit::detail {

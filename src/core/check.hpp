@@ -76,6 +76,9 @@ void check_positive_finite(const char* op, const char* name, float value);
 void check_scale_tensor(const char* op, const char* name, const TensorView& t, Device device);
 // The value of a host scale tensor that check_scale_tensor accepted.
 float host_scale_value(const TensorView& t);
+// True when the byte ranges two views can touch intersect (empty views touch nothing). For views
+// check_storage accepted (non-negative strides).
+bool views_overlap(const TensorView& a, const TensorView& b);
 
 }  // namespace mlakit::detail
 

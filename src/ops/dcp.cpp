@@ -18,26 +18,12 @@ namespace mlakit::ops {
 namespace {
 
 using detail::require;
+using detail::views_overlap;
 
 constexpr const char* kSlotOp = "dcp_slot_mapping";
 constexpr const char* kCombineOp = "dcp_lse_combine";
 constexpr const char* kCorrectOp = "dcp_lse_correct";
 constexpr const char* kRowsOp = "dcp_gathered_rows";
-
-// True when the byte ranges the two views can touch intersect (empty views touch nothing).
-bool views_overlap(const TensorView& a, const TensorView& b) {
-  auto range = [](const TensorView& t, const char** first, const char** last) {
-    *first = *last = static_cast<const char*>(t.data);
-    if (t.numel() == 0) return;
-    int64_t last_elem = 0;
-    for (int d = 0; d < t.ndim; ++d) last_elem += (t.shape[d] - 1) * t.strides[d];
-    *last += (last_elem + 1) * t.element_size();
-  };
-  const char *a0, *a1, *b0, *b1;
-  range(a, &a0, &a1);
-  range(b, &b0, &b1);
-  return a0 < b1 && b0 < a1;
-}
 
 // A float tensor of partial or combined attention rows: `ndim` dims, D contiguous.
 void check_rows(const char* op, const char* name, const TensorView& t, int ndim) {

@@ -83,6 +83,10 @@ void dynamic_scaled_fp8_quant(const TensorView& input, const TensorView& out,
                               const TensorView& scale, Stream stream) {
   const Device device = validate_quant(kDynamicOp, input, out);
   detail::check_scale_tensor(kDynamicOp, "scale", scale, device);
+  // scale is written before the codes are computed from input and written to out: sharing memory
+  // with either would quantize a changed input or hand back codes as the scale.
+  require(!detail::views_overlap(scale, input) && !detail::views_overlap(scale, out),
+          ErrorCode::kInvalidArgument, kDynamicOp, ": scale must not overlap input or out");
   if (device.is_cuda()) {
 #ifdef MLAKIT_WITH_CUDA
     auto* scale_data = static_cast<float*>(scale.data);

@@ -1,6 +1,7 @@
 /* The C ABI from plain C: version queries, error reporting (status and message text), a planner
- * call, two small ops against results computed by hand, an engine step (one plan, two layers)
- * against the single-call forward, and a DCP layer over a callback communicator. */
+ * call, two small ops against results computed by hand, the entry points taking scales as tensors
+ * (and the dynamic fp8 quant) against references computed here, an engine step (one plan, two
+ * layers) against the single-call forward, and a DCP layer over a callback communicator. */
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -205,6 +206,363 @@ static void fill_random(float* x, int n, uint32_t* state) {
   for (int i = 0; i < n; ++i) {
     *state = *state * 1664525u + 1013904223u; /* Numerical Recipes' LCG constants */
     x[i] = (float)(*state >> 8) / (float)(1u << 23) - 1.0f;
+  }
+}
+
+/* ---- Scales as tensors ---------------------------------------------------------------------- */
+
+/* The value of an e4m3fn code: sign, 4 exponent bits (bias 7), 3 mantissa bits; exponent 0 is
+ * subnormal (mantissa * 2^-9); 0x7f and 0xff are NaN. */
+static double e4m3_value(uint8_t code) {
+  const int exponent = (code >> 3) & 0xf;
+  const int mantissa = code & 7;
+  double magnitude;
+  if (exponent == 0xf && mantissa == 7) {
+    magnitude = NAN;
+  } else if (exponent == 0) {
+    magnitude = ldexp(mantissa, -9);
+  } else {
+    magnitude = ldexp(1.0 + mantissa / 8.0, exponent - 7);
+  }
+  return (code & 0x80) ? -magnitude : magnitude;
+}
+
+/* The e4m3fn code nearest to v, ties to the even code, saturating at +-448 (the largest finite
+ * value): a search over the finite non-negative codes 0x00..0x7e, whose values increase. */
+static uint8_t e4m3_nearest(double v) {
+  const double target = fmin(fabs(v), 448.0);
+  uint8_t best = 0;
+  for (int code = 1; code <= 0x7e; ++code) {
+    const double distance = fabs(e4m3_value((uint8_t)code) - target);
+    const double best_distance = fabs(e4m3_value(best) - target);
+    if (distance < best_distance || (distance == best_distance && code % 2 == 0)) {
+      best = (uint8_t)code;
+    }
+  }
+  return (uint8_t)(signbit(v) ? 0x80 | best : best);
+}
+
+/* Fills codes[0..n) with e4m3 codes from the LCG of fill_random, NaN codes (0x7f, 0xff) moved
+ * to their neighbours 0x7e, 0xfe. */
+static void fill_random_codes(uint8_t* codes, int n, uint32_t* state) {
+  for (int i = 0; i < n; ++i) {
+    *state = *state * 1664525u + 1013904223u; /* Numerical Recipes' LCG constants */
+    codes[i] = (uint8_t)(*state >> 24);
+    if ((codes[i] & 0x7f) == 0x7f) codes[i] ^= 1;
+  }
+}
+
+/* A scale tensor that every tensor-scale entry point rejects before reading an element: the
+ * status and the message after "<op>: " (mlakit.h names the argument "scale"). */
+typedef struct bad_scale {
+  const char* message;
+  mlakit_status_t status;
+  int is_null; /* passed as NULL instead of &tensor */
+  DLTensor tensor;
+} bad_scale_t;
+
+enum { kBadScales = 10 };
+
+static void make_bad_scales(bad_scale_t bad[kBadScales]) {
+  static float storage[2] = {1.0f, 1.0f}; /* 2: room for the two-element scale */
+  static int64_t one[1] = {1}, two[1] = {2}, none[1] = {0}, ones5[5] = {1, 1, 1, 1, 1};
+  for (int i = 0; i < kBadScales; ++i) {
+    bad[i].status = MLAKIT_ERROR_INVALID_ARGUMENT;
+    bad[i].is_null = 0;
+    bad[i].tensor = host_tensor(storage, kF32, 1, one);
+  }
+  bad[0].message = "scale must have dtype f32, got f16";
+  bad[0].tensor.dtype = (DLDataType){kDLFloat, 16, 1};
+  bad[1].message = "scale has unsupported DLPack dtype (code 2, bits 64, lanes 1)";
+  bad[1].tensor.dtype = kF64;
+  bad[2].message = "scale must have exactly one element, got shape [2]";
+  bad[2].tensor.shape = two;
+  bad[3].message = "scale must have exactly one element, got shape [0]";
+  bad[3].tensor.shape = none;
+  bad[4].message = "scale must have at most 4 dimensions, got 5";
+  bad[4].tensor.ndim = 5;
+  bad[4].tensor.shape = ones5;
+  bad[5].message = "scale must be on cpu, got cuda:0"; /* host memory described as CUDA's */
+  bad[5].tensor.device.device_type = kDLCUDA;
+  bad[6].message = "scale lives on DLPack device type 4";
+  bad[6].status = MLAKIT_ERROR_UNSUPPORTED;
+  bad[6].tensor.device.device_type = kDLOpenCL;
+  bad[7].message = "scale must not be NULL";
+  bad[7].is_null = 1;
+  bad[8].message = "scale has no data pointer but 1 elements";
+  bad[8].tensor.data = NULL;
+  bad[9].message = "scale (data + byte_offset) must be aligned to 4 bytes";
+  bad[9].tensor.byte_offset = 2; /* 2: half an f32 */
+}
+
+static const DLTensor* bad_scale_arg(const bad_scale_t* bad) {
+  return bad->is_null ? NULL : &bad->tensor;
+}
+
+/* "<op>: <message>" of a bad scale, for CHECK_STATUS. */
+static const char* bad_scale_needle(const char* op, const bad_scale_t* bad) {
+  static char needle[256];
+  snprintf(needle, sizeof(needle), "%s: %s", op, bad->message);
+  return needle;
+}
+
+/* Cache geometry of the tensor-scale cache tests: blocks of 4 entries of L + R = 8 + 4. */
+enum { kCacheL = 8, kCacheR = 4, kCacheW = kCacheL + kCacheR, kCacheBlock = 4 };
+
+/* concat_and_cache_mla with a 0-d scale tensor (any shape of one element is valid) into a
+ * NaN-poisoned fp8_e4m3 cache: tokens 0 and 2 land in slots 6 and 1 as e4m3(x / scale), the
+ * quotient rounded to f32 first; token 1 (slot -1) and every other slot stay poisoned. With an
+ * auto cache the scale's value is unused: a NaN scale succeeds and the entries are copies. */
+static void test_concat_tensor_scale(void) {
+  enum { kTokens = 3, kBlocks = 2 };
+  float kv_c[kTokens * kCacheL], k_pe[kTokens * kCacheR];
+  uint32_t state = 21;
+  fill_random(kv_c, kTokens * kCacheL, &state);
+  fill_random(k_pe, kTokens * kCacheR, &state);
+  for (int i = 0; i < kTokens * kCacheL; ++i) kv_c[i] *= 4.0f; /* 4: codes across e4m3's range */
+  kv_c[0] = 300.0f;  /* 300 / 0.3 = 1000: saturates to 448 */
+  kv_c[1] = -1e-4f;  /* / 0.3 below half the smallest subnormal 2^-9: -0 (0x80) */
+  k_pe[2] = 0.0025f; /* / 0.3 = 0.00833: subnormal 4 x 2^-9 */
+  int64_t slots[kTokens] = {6, -1, 1};
+  float scale_value = 0.3f;
+
+  uint8_t cache[kBlocks * kCacheBlock * kCacheW], expected[kBlocks * kCacheBlock * kCacheW];
+  memset(cache, 0x7f, sizeof(cache)); /* 0x7f: an e4m3 NaN */
+  memcpy(expected, cache, sizeof(cache));
+  for (int t = 0; t < kTokens; ++t) {
+    if (slots[t] < 0) continue;
+    uint8_t* entry = expected + slots[t] * kCacheW;
+    for (int j = 0; j < kCacheL; ++j) {
+      entry[j] = e4m3_nearest((float)((double)kv_c[t * kCacheL + j] / scale_value));
+    }
+    for (int j = 0; j < kCacheR; ++j) {
+      entry[kCacheL + j] = e4m3_nearest((float)((double)k_pe[t * kCacheR + j] / scale_value));
+    }
+  }
+
+  int64_t kv_c_shape[2] = {kTokens, kCacheL}, k_pe_shape[2] = {kTokens, kCacheR};
+  int64_t cache_shape[3] = {kBlocks, kCacheBlock, kCacheW}, slots_shape[1] = {kTokens};
+  DLTensor t_kv_c = host_tensor(kv_c, kF32, 2, kv_c_shape);
+  DLTensor t_k_pe = host_tensor(k_pe, kF32, 2, k_pe_shape);
+  DLTensor t_cache = host_tensor(cache, kFp8, 3, cache_shape);
+  DLTensor t_slots = host_tensor(slots, (DLDataType){kDLInt, 64, 1}, 1, slots_shape);
+  DLTensor t_scale = host_tensor(&scale_value, kF32, 0, NULL);
+  CHECK_STATUS(mlakit_concat_and_cache_mla_tensor_scale(&t_kv_c, &t_k_pe, &t_cache, &t_slots,
+                                                        MLAKIT_KV_CACHE_FP8_E4M3, &t_scale, NULL),
+               MLAKIT_OK, NULL);
+  CHECK(memcmp(cache, expected, sizeof(cache)) == 0);
+  CHECK(cache[6 * kCacheW] == 0x7e && cache[6 * kCacheW + 1] == 0x80);
+  CHECK(cache[6 * kCacheW + kCacheL + 2] == 0x04);
+
+  float auto_cache[kBlocks * kCacheBlock * kCacheW], auto_expected[kBlocks * kCacheBlock * kCacheW];
+  for (int i = 0; i < kBlocks * kCacheBlock * kCacheW; ++i) auto_cache[i] = NAN;
+  memcpy(auto_expected, auto_cache, sizeof(auto_cache));
+  for (int t = 0; t < kTokens; ++t) {
+    if (slots[t] < 0) continue;
+    memcpy(auto_expected + slots[t] * kCacheW, kv_c + t * kCacheL, kCacheL * sizeof(float));
+    memcpy(auto_expected + slots[t] * kCacheW + kCacheL, k_pe + t * kCacheR,
+           kCacheR * sizeof(float));
+  }
+  DLTensor t_auto_cache = host_tensor(auto_cache, kF32, 3, cache_shape);
+  scale_value = NAN;
+  CHECK_STATUS(mlakit_concat_and_cache_mla_tensor_scale(&t_kv_c, &t_k_pe, &t_auto_cache, &t_slots,
+                                                        MLAKIT_KV_CACHE_AUTO, &t_scale, NULL),
+               MLAKIT_OK, NULL);
+  CHECK(memcmp(auto_cache, auto_expected, sizeof(auto_cache)) == 0);
+
+  /* For fp8_e4m3 the value is checked as the float form checks it. */
+  scale_value = 0.0f;
+  CHECK_STATUS(mlakit_concat_and_cache_mla_tensor_scale(&t_kv_c, &t_k_pe, &t_cache, &t_slots,
+                                                        MLAKIT_KV_CACHE_FP8_E4M3, &t_scale, NULL),
+               MLAKIT_ERROR_INVALID_ARGUMENT,
+               "concat_and_cache_mla: scale must be finite and > 0 for kv_cache_dtype fp8_e4m3, "
+               "got 0");
+  bad_scale_t bad[kBadScales];
+  make_bad_scales(bad);
+  for (int i = 0; i < kBadScales; ++i) {
+    CHECK_STATUS(mlakit_concat_and_cache_mla_tensor_scale(&t_kv_c, &t_k_pe, &t_cache, &t_slots,
+                                                          MLAKIT_KV_CACHE_FP8_E4M3,
+                                                          bad_scale_arg(&bad[i]), NULL),
+                 bad[i].status, bad_scale_needle("concat_and_cache_mla", &bad[i]));
+  }
+}
+
+/* gather_and_maybe_dequant_cache of an fp8_e4m3 cache with a [1, 1] scale tensor: row t of dst
+ * is request b = token_to_seq[t] at position t - cu_seq_lens[b] + seq_starts[b], each code's
+ * value times the scale (exact in double, rounded once to f32). dst is NaN-poisoned; its last
+ * row (beyond num_tokens) stays so. */
+static void test_gather_tensor_scale(void) {
+  enum { kBlocks = 3, kBatch = 2, kRows = 6 };
+  uint8_t cache[kBlocks * kCacheBlock * kCacheW];
+  uint32_t state = 23;
+  fill_random_codes(cache, kBlocks * kCacheBlock * kCacheW, &state);
+  /* Request 0: positions 2..4 (blocks 2, 0); request 1: positions 1..3 (block 1). */
+  int32_t table[kBatch][2] = {{2, 0}, {1, 2}};
+  int32_t cu_seq_lens[kBatch + 1] = {0, 3, 6};
+  int32_t token_to_seq[kRows] = {0, 0, 0, 1, 1, 1};
+  int32_t seq_starts[kBatch] = {2, 1};
+  float scale_value = 0.7f;
+
+  float dst[(kRows + 1) * kCacheW], expected[(kRows + 1) * kCacheW];
+  for (int i = 0; i < (kRows + 1) * kCacheW; ++i) dst[i] = NAN;
+  memcpy(expected, dst, sizeof(dst));
+  for (int t = 0; t < kRows; ++t) {
+    const int b = token_to_seq[t];
+    const int position = t - cu_seq_lens[b] + seq_starts[b];
+    const int slot = table[b][position / kCacheBlock] * kCacheBlock + position % kCacheBlock;
+    for (int j = 0; j < kCacheW; ++j) {
+      expected[t * kCacheW + j] = (float)(e4m3_value(cache[slot * kCacheW + j]) * scale_value);
+    }
+  }
+
+  int64_t cache_shape[3] = {kBlocks, kCacheBlock, kCacheW}, dst_shape[2] = {kRows + 1, kCacheW};
+  int64_t table_shape[2] = {kBatch, 2}, cu_shape[1] = {kBatch + 1}, rows_shape[1] = {kRows};
+  int64_t starts_shape[1] = {kBatch}, scale_shape[2] = {1, 1};
+  const DLDataType i32 = {kDLInt, 32, 1};
+  DLTensor t_cache = host_tensor(cache, kFp8, 3, cache_shape);
+  DLTensor t_dst = host_tensor(dst, kF32, 2, dst_shape);
+  DLTensor t_table = host_tensor(table, i32, 2, table_shape);
+  DLTensor t_cu = host_tensor(cu_seq_lens, i32, 1, cu_shape);
+  DLTensor t_token_to_seq = host_tensor(token_to_seq, i32, 1, rows_shape);
+  DLTensor t_starts = host_tensor(seq_starts, i32, 1, starts_shape);
+  DLTensor t_scale = host_tensor(&scale_value, kF32, 2, scale_shape);
+  CHECK_STATUS(mlakit_gather_and_maybe_dequant_cache_tensor_scale(
+                   &t_cache, &t_dst, &t_table, &t_cu, &t_token_to_seq, kRows,
+                   MLAKIT_KV_CACHE_FP8_E4M3, &t_scale, &t_starts, NULL),
+               MLAKIT_OK, NULL);
+  CHECK(memcmp(dst, expected, sizeof(dst)) == 0);
+
+  scale_value = NAN;
+  CHECK_STATUS(mlakit_gather_and_maybe_dequant_cache_tensor_scale(
+                   &t_cache, &t_dst, &t_table, &t_cu, &t_token_to_seq, kRows,
+                   MLAKIT_KV_CACHE_FP8_E4M3, &t_scale, &t_starts, NULL),
+               MLAKIT_ERROR_INVALID_ARGUMENT,
+               "gather_and_maybe_dequant_cache: scale must be finite and > 0 for kv_cache_dtype "
+               "fp8_e4m3, got nan");
+  bad_scale_t bad[kBadScales];
+  make_bad_scales(bad);
+  for (int i = 0; i < kBadScales; ++i) {
+    CHECK_STATUS(mlakit_gather_and_maybe_dequant_cache_tensor_scale(
+                     &t_cache, &t_dst, &t_table, &t_cu, &t_token_to_seq, kRows,
+                     MLAKIT_KV_CACHE_FP8_E4M3, bad_scale_arg(&bad[i]), &t_starts, NULL),
+                 bad[i].status, bad_scale_needle("gather_and_maybe_dequant_cache", &bad[i]));
+  }
+}
+
+/* scaled_fp8_quant with a [1] scale tensor: out = e4m3(x * (1 / scale)), the reciprocal and the
+ * product rounded to f32 (mlakit.h), into NaN-poisoned codes. */
+static void test_fp8_quant_tensor_scale(void) {
+  enum { kRows = 2, kCols = 8, kCount = kRows * kCols };
+  float x[kCount];
+  uint32_t state = 25;
+  fill_random(x, kCount, &state);
+  for (int i = 0; i < kCount; ++i) x[i] *= 100.0f; /* 100: / 0.37 spans e4m3's range */
+  x[0] = 1000.0f;                                  /* 1000 / 0.37 = 2703: saturates to 448 */
+  x[1] = -2e-5f;                                   /* tiny: rounds to -0 (0x80) */
+  float scale_value = 0.37f;
+  const float inv_scale = 1.0f / scale_value;
+  uint8_t out[kCount], expected[kCount];
+  memset(out, 0x7f, sizeof(out)); /* 0x7f: an e4m3 NaN */
+  for (int i = 0; i < kCount; ++i) expected[i] = e4m3_nearest((float)((double)x[i] * inv_scale));
+
+  int64_t shape[2] = {kRows, kCols}, scale_shape[1] = {1};
+  DLTensor t_x = host_tensor(x, kF32, 2, shape);
+  DLTensor t_out = host_tensor(out, kFp8, 2, shape);
+  DLTensor t_scale = host_tensor(&scale_value, kF32, 1, scale_shape);
+  CHECK_STATUS(mlakit_scaled_fp8_quant_tensor_scale(&t_x, &t_out, &t_scale, NULL), MLAKIT_OK, NULL);
+  CHECK(memcmp(out, expected, sizeof(out)) == 0);
+  CHECK(out[0] == 0x7e && out[1] == 0x80);
+
+  /* Halfway cases under scale 0.5 (an exact reciprocal): x * 2 lies midway between two codes and
+   * goes to the even one, in the library and in the reference. */
+  float ties[6] = {0.53125f, 0.59375f, 0x1p-11f, 0x1.8p-10f, 200.0f, -216.0f};
+  /* 1.0625 -> 1 (0x38), 1.1875 -> 1.25 (0x3a), 2^-10 -> 0, 1.5 x 2^-9 -> 2 x 2^-9 (0x02),
+   * 400 -> 384 (0x7c), -432 -> -448 (0xfe). */
+  const uint8_t tie_codes[6] = {0x38, 0x3a, 0x00, 0x02, 0x7c, 0xfe};
+  uint8_t tie_out[6];
+  memset(tie_out, 0x7f, sizeof(tie_out));
+  int64_t ties_shape[1] = {6};
+  DLTensor t_ties = host_tensor(ties, kF32, 1, ties_shape);
+  DLTensor t_tie_out = host_tensor(tie_out, kFp8, 1, ties_shape);
+  scale_value = 0.5f;
+  CHECK_STATUS(mlakit_scaled_fp8_quant_tensor_scale(&t_ties, &t_tie_out, &t_scale, NULL), MLAKIT_OK,
+               NULL);
+  CHECK(memcmp(tie_out, tie_codes, sizeof(tie_out)) == 0);
+  for (int i = 0; i < 6; ++i) CHECK(e4m3_nearest(2.0 * ties[i]) == tie_codes[i]);
+
+  scale_value = 1e-40f; /* a subnormal: its reciprocal overflows f32 */
+  CHECK_STATUS(mlakit_scaled_fp8_quant_tensor_scale(&t_x, &t_out, &t_scale, NULL),
+               MLAKIT_ERROR_INVALID_ARGUMENT,
+               "scaled_fp8_quant: scale must be finite and > 0 with a finite reciprocal");
+  bad_scale_t bad[kBadScales];
+  make_bad_scales(bad);
+  for (int i = 0; i < kBadScales; ++i) {
+    CHECK_STATUS(mlakit_scaled_fp8_quant_tensor_scale(&t_x, &t_out, bad_scale_arg(&bad[i]), NULL),
+                 bad[i].status, bad_scale_needle("scaled_fp8_quant", &bad[i]));
+  }
+}
+
+/* dynamic_scaled_fp8_quant: scale = amax(|x|) / 448 (f32 division: the double quotient rounded
+ * once), then the codes of the static quant with it; the amax element maps to -448. An all-zero
+ * input gives scale 0 and codes 0; an inf input writes scale inf, fails and leaves out as it
+ * was. Scale and out are NaN-poisoned before each call. */
+static void test_dynamic_fp8_quant(void) {
+  enum { kRows = 3, kCols = 5, kCount = kRows * kCols };
+  float x[kCount];
+  uint32_t state = 27;
+  fill_random(x, kCount, &state);
+  for (int i = 0; i < kCount; ++i) x[i] *= 3.0f; /* 3: below the amax element */
+  x[7] = -6.5f;
+  double amax = 0.0;
+  for (int i = 0; i < kCount; ++i) amax = fmax(amax, fabs(x[i]));
+  const float expected_scale = (float)(amax / 448.0);
+  const float inv_scale = 1.0f / expected_scale;
+  uint8_t out[kCount], expected[kCount];
+  for (int i = 0; i < kCount; ++i) expected[i] = e4m3_nearest((float)((double)x[i] * inv_scale));
+  float scale_value = NAN;
+  memset(out, 0x7f, sizeof(out)); /* 0x7f: an e4m3 NaN */
+
+  int64_t shape[2] = {kRows, kCols}, scale_shape[1] = {1};
+  DLTensor t_x = host_tensor(x, kF32, 2, shape);
+  DLTensor t_out = host_tensor(out, kFp8, 2, shape);
+  DLTensor t_scale = host_tensor(&scale_value, kF32, 1, scale_shape);
+  CHECK_STATUS(mlakit_dynamic_scaled_fp8_quant(&t_x, &t_out, &t_scale, NULL), MLAKIT_OK, NULL);
+  CHECK(scale_value == expected_scale);
+  CHECK(memcmp(out, expected, sizeof(out)) == 0);
+  CHECK(out[7] == 0xfe);
+
+  float zeros[kCount];
+  for (int i = 0; i < kCount; ++i) zeros[i] = i % 2 == 0 ? 0.0f : -0.0f;
+  DLTensor t_zeros = host_tensor(zeros, kF32, 2, shape);
+  scale_value = NAN;
+  memset(out, 0x7f, sizeof(out));
+  CHECK_STATUS(mlakit_dynamic_scaled_fp8_quant(&t_zeros, &t_out, &t_scale, NULL), MLAKIT_OK, NULL);
+  CHECK(scale_value == 0.0f);
+  uint8_t all_zero[kCount];
+  memset(all_zero, 0, sizeof(all_zero));
+  CHECK(memcmp(out, all_zero, sizeof(out)) == 0);
+
+  const float kept = x[3];
+  x[3] = INFINITY;
+  scale_value = NAN;
+  memset(out, 0x7f, sizeof(out));
+  uint8_t poisoned[kCount];
+  memcpy(poisoned, out, sizeof(out));
+  CHECK_STATUS(mlakit_dynamic_scaled_fp8_quant(&t_x, &t_out, &t_scale, NULL),
+               MLAKIT_ERROR_INVALID_ARGUMENT,
+               "dynamic_scaled_fp8_quant: the scale amax(|input|) / 448 = inf has no finite "
+               "reciprocal");
+  CHECK(isinf(scale_value) && scale_value > 0);
+  CHECK(memcmp(out, poisoned, sizeof(out)) == 0);
+  x[3] = kept; /* a valid input again: the calls below fail for their scale only */
+
+  CHECK_STATUS(mlakit_dynamic_scaled_fp8_quant(NULL, &t_out, &t_scale, NULL),
+               MLAKIT_ERROR_INVALID_ARGUMENT, "dynamic_scaled_fp8_quant: input must not be NULL");
+  bad_scale_t bad[kBadScales];
+  make_bad_scales(bad);
+  for (int i = 0; i < kBadScales; ++i) {
+    CHECK_STATUS(mlakit_dynamic_scaled_fp8_quant(&t_x, &t_out, bad_scale_arg(&bad[i]), NULL),
+                 bad[i].status, bad_scale_needle("dynamic_scaled_fp8_quant", &bad[i]));
   }
 }
 
@@ -500,6 +858,10 @@ int main(void) {
   test_decode_planning();
   test_merge();
   test_fp8_quant();
+  test_concat_tensor_scale();
+  test_gather_tensor_scale();
+  test_fp8_quant_tensor_scale();
+  test_dynamic_fp8_quant();
   test_device_errors();
   test_step();
   test_dcp();

@@ -4,7 +4,9 @@
 // (cache format, dtypes, lengths, index contents), then applies up to a few defects: a wrong
 // size or rank, another dtype (also ones DLPack has and mlakit does not), odd strides (zero,
 // negative, huge), another device, a misaligned or NULL data pointer, a NULL tensor, bad scalars
-// (scales, kv_cache_dtype, counts).
+// (scales, kv_cache_dtype, counts). The ops that take a scale also run in their tensor-scale form
+// (and fp8 quantization as dynamic_scaled_fp8_quant), the scale a one-element f32 tensor that may
+// get one such defect itself.
 //
 // Invariants (a violation aborts; the sanitizers abort on their own):
 //   - no crash, no AddressSanitizer or UndefinedBehaviorSanitizer report: nothing outside the
@@ -16,7 +18,11 @@
 //   - a success with finite inputs, moderate scales (<= 100: larger ones overflow the f32 logits)
 //     and dense outputs passes cheap checks: decode, prefill and merge rows are finite, their LSE
 //     is finite or -inf (never NaN or +inf) and an -inf row is 0; fp8 quantization of finite values
-//     gives no NaN code.
+//     gives no NaN code;
+//   - a success through a scale tensor had a tensor the library must accept (present, backed, f32,
+//     every dimension 1, 4-byte aligned, host memory) holding a value the float form accepts where
+//     it is used; the dynamic quantization of finite dense input wrote scale = amax(|input|) / 448
+//     exactly, and with it codes that are all 0 (scale 0) or include +-448 (the amax element).
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -106,6 +112,45 @@ float draw_scale(FuzzedDataProvider& in) {
 // near FLT_MAX the logits overflow f32 and the attention of those rows is not defined, so the
 // finiteness checks apply to scales up to 100 only.
 bool moderate(float scale) { return scale <= 100.0f; }
+
+// The scale argument of a tensor-scale entry: f32 of one element (rank 0 to 2, now and then on
+// pinned host memory) holding `value`, given one defect a third of the time. Added to `c` after
+// its other tensors were materialized, so that their contents do not depend on this draw.
+const FuzzTensor& add_scale_tensor(FuzzedDataProvider& in, Rng& rng, Call& c, float value) {
+  const std::vector<int64_t> shapes[] = {{}, {1}, {1, 1}};
+  FuzzTensor& s = c.add("scale", in.PickValueInArray(shapes), kDlF32);
+  if (in.ConsumeIntegralInRange(0, 7) == 0) s.device = DLDevice{kDLCUDAHost, 0};
+  if (in.ConsumeIntegralInRange(0, 2) == 0) mutate(in, s);
+  materialize(s, rng);
+  if (s.backed && to_mlakit_dtype(s.dtype) == DType::kF32) {  // element 0 sits at byte_offset
+    std::memcpy(s.bytes.data() + s.tensor.byte_offset, &value, sizeof(value));
+  }
+  call_description() += describe(s) + " value " + std::to_string(value) + "; ";
+  return s;
+}
+
+// Whether the library must accept `s` as a scale tensor, its value aside.
+bool valid_scale_tensor(const FuzzTensor& s) {
+  int32_t device_type = 0;  // any int (a defect): not read as the enum
+  std::memcpy(&device_type, &s.device.device_type, sizeof(device_type));
+  bool one_element = s.shape.size() <= 4;
+  for (int64_t size : s.shape) one_element &= size == 1;
+  return !s.absent && s.backed && to_mlakit_dtype(s.dtype) == DType::kF32 && s.misalign % 4 == 0 &&
+         one_element && (device_type == kDLCPU || device_type == kDLCUDAHost);
+}
+
+// A success through scale tensor `s` (holding `value`): the tensor was valid and, where the op
+// uses the value (`value_used`), it is finite and > 0, with a finite reciprocal where the op
+// multiplies by that (`reciprocal`).
+void expect_scale_checked(const char* op, mlakit_status_t status, const FuzzTensor& s, float value,
+                          bool value_used, bool reciprocal) {
+  if (status != MLAKIT_OK) return;
+  MLAKIT_FUZZ_EXPECT(valid_scale_tensor(s), std::string(op) + " accepted a bad scale tensor");
+  if (!value_used) return;
+  MLAKIT_FUZZ_EXPECT(
+      std::isfinite(value) && value > 0.0f && (!reciprocal || std::isfinite(1.0f / value)),
+      std::string(op) + " accepted scale value " + std::to_string(value));
+}
 
 int32_t draw_kv_format(FuzzedDataProvider& in, int32_t valid) {
   if (in.ConsumeIntegralInRange(0, 15) == 0) return in.ConsumeIntegral<int32_t>();
@@ -233,10 +278,21 @@ void fuzz_concat_and_cache_mla(FuzzedDataProvider& in, Rng& rng) {
   c.break_some(in);
   c.materialize_all(rng);
   auto& t = c.tensors;
-  expect_status(
-      "concat_and_cache_mla",
-      mlakit_concat_and_cache_mla(t[0].ptr(), t[1].ptr(), t[2].ptr(), t[3].ptr(),
-                                  draw_kv_format(in, d.kv_format), draw_scale(in), nullptr));
+  const int32_t kv_format = draw_kv_format(in, d.kv_format);
+  const float scale = draw_scale(in);
+  // The form is drawn last, so that inputs from before the tensor form keep their meaning.
+  if (!in.ConsumeBool()) {
+    expect_status("concat_and_cache_mla",
+                  mlakit_concat_and_cache_mla(t[0].ptr(), t[1].ptr(), t[2].ptr(), t[3].ptr(),
+                                              kv_format, scale, nullptr));
+    return;
+  }
+  const FuzzTensor& s = add_scale_tensor(in, rng, c, scale);
+  const mlakit_status_t status = mlakit_concat_and_cache_mla_tensor_scale(
+      t[0].ptr(), t[1].ptr(), t[2].ptr(), t[3].ptr(), kv_format, s.ptr(), nullptr);
+  expect_status("concat_and_cache_mla", status);
+  expect_scale_checked("concat_and_cache_mla", status, s, scale,
+                       kv_format == MLAKIT_KV_CACHE_FP8_E4M3, /*reciprocal=*/false);
 }
 
 void fuzz_gather(FuzzedDataProvider& in, Rng& rng, bool dequant) {
@@ -274,10 +330,23 @@ void fuzz_gather(FuzzedDataProvider& in, Rng& rng, bool dequant) {
   auto& t = c.tensors;
   if (dequant) {
     const int64_t num_tokens = in.ConsumeBool() ? rows : odd_size(in, rows);
-    expect_status("gather_and_maybe_dequant_cache",
-                  mlakit_gather_and_maybe_dequant_cache(
-                      t[0].ptr(), t[1].ptr(), t[2].ptr(), t[3].ptr(), t[4].ptr(), num_tokens,
-                      draw_kv_format(in, d.kv_format), draw_scale(in), t[5].ptr(), nullptr));
+    const int32_t kv_format = draw_kv_format(in, d.kv_format);
+    const float scale = draw_scale(in);
+    // The form is drawn last, so that inputs from before the tensor form keep their meaning.
+    if (!in.ConsumeBool()) {
+      expect_status("gather_and_maybe_dequant_cache",
+                    mlakit_gather_and_maybe_dequant_cache(t[0].ptr(), t[1].ptr(), t[2].ptr(),
+                                                          t[3].ptr(), t[4].ptr(), num_tokens,
+                                                          kv_format, scale, t[5].ptr(), nullptr));
+      return;
+    }
+    const FuzzTensor& s = add_scale_tensor(in, rng, c, scale);
+    const mlakit_status_t status = mlakit_gather_and_maybe_dequant_cache_tensor_scale(
+        t[0].ptr(), t[1].ptr(), t[2].ptr(), t[3].ptr(), t[4].ptr(), num_tokens, kv_format, s.ptr(),
+        t[5].ptr(), nullptr);
+    expect_status("gather_and_maybe_dequant_cache", status);
+    expect_scale_checked("gather_and_maybe_dequant_cache", status, s, scale,
+                         kv_format == MLAKIT_KV_CACHE_FP8_E4M3, /*reciprocal=*/false);
   } else {
     const int64_t batch_size = in.ConsumeBool() ? d.batch : odd_size(in, d.batch);
     expect_status("cp_gather_cache",
@@ -332,14 +401,44 @@ void fuzz_scaled_fp8_quant(FuzzedDataProvider& in, Rng& rng) {
   c.break_some(in);
   c.materialize_all(rng);
   auto& t = c.tensors;
-  const mlakit_status_t status =
-      mlakit_scaled_fp8_quant(t[0].ptr(), t[1].ptr(), draw_scale(in), nullptr);
-  expect_status("scaled_fp8_quant", status);
-  if (status == MLAKIT_OK && dense_and_backed(t[0]) && dense_and_backed(t[1])) {
+  const float scale = draw_scale(in);
+  // 0: the float form, 1: the scale as a tensor, 2: dynamic_scaled_fp8_quant (its scale is
+  // written). Drawn last, so that inputs from before the other forms keep their meaning.
+  const int form = in.ConsumeIntegralInRange(0, 2);
+  const char* op = form == 2 ? "dynamic_scaled_fp8_quant" : "scaled_fp8_quant";
+  const FuzzTensor* s = form == 0 ? nullptr : &add_scale_tensor(in, rng, c, scale);
+  mlakit_status_t status;
+  if (form == 0) {
+    status = mlakit_scaled_fp8_quant(t[0].ptr(), t[1].ptr(), scale, nullptr);
+  } else if (form == 1) {
+    status = mlakit_scaled_fp8_quant_tensor_scale(t[0].ptr(), t[1].ptr(), s->ptr(), nullptr);
+  } else {
+    status = mlakit_dynamic_scaled_fp8_quant(t[0].ptr(), t[1].ptr(), s->ptr(), nullptr);
+  }
+  expect_status(op, status);
+  if (s) expect_scale_checked(op, status, *s, scale, form == 1, /*reciprocal=*/true);
+  if (status != MLAKIT_OK || !dense_and_backed(t[0]) || !dense_and_backed(t[1])) return;
+  bool has_448 = false;
+  for (int64_t i = 0; i < numel(t[1]); ++i) {
+    const uint8_t code = t[1].bytes[t[1].tensor.byte_offset + static_cast<size_t>(i)];
+    MLAKIT_FUZZ_EXPECT((code & 0x7f) != 0x7f, std::string(op) + ": NaN code from finite input");
+    has_448 |= (code & 0x7f) == 0x7e;  // 0x7e: 448, the largest finite e4m3 value
+  }
+  if (form != 2) return;
+  float amax = 0.0f;
+  for (int64_t i = 0; i < numel(t[0]); ++i) amax = std::max(amax, std::fabs(float_at(t[0], i)));
+  float written = 0.0f;
+  std::memcpy(&written, s->bytes.data() + s->tensor.byte_offset, sizeof(written));
+  MLAKIT_FUZZ_EXPECT(written == amax / 448.0f,  // 448: the largest finite e4m3 value
+                     "dynamic_scaled_fp8_quant: scale " + std::to_string(written) + " for amax " +
+                         std::to_string(amax));
+  if (written == 0.0f) {
     for (int64_t i = 0; i < numel(t[1]); ++i) {
-      const uint8_t code = t[1].bytes[t[1].tensor.byte_offset + static_cast<size_t>(i)];
-      MLAKIT_FUZZ_EXPECT((code & 0x7f) != 0x7f, "scaled_fp8_quant: NaN code from finite input");
+      MLAKIT_FUZZ_EXPECT(t[1].bytes[t[1].tensor.byte_offset + static_cast<size_t>(i)] == 0,
+                         "dynamic_scaled_fp8_quant: a non-zero code under scale 0");
     }
+  } else {
+    MLAKIT_FUZZ_EXPECT(has_448, "dynamic_scaled_fp8_quant: no code is +-448 (the amax element)");
   }
 }
 
