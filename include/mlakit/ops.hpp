@@ -27,8 +27,8 @@ namespace mlakit::ops {
 // gather_and_maybe_dequant_cache and scaled_fp8_quant also come in a form that takes `const
 // TensorView& scale` where the float form takes `float scale`, as vLLM passes its k_scale and
 // activation scales: f32, exactly one element (any shape: [], [1], ...), on the device of the op's
-// other tensors, 4-byte aligned. Bad metadata throws kInvalidArgument naming `scale`, like every
-// argument check.
+// other tensors, 4-byte aligned, not overlapping the op's output (kv_cache, dst, out). Bad
+// metadata throws kInvalidArgument naming `scale`, like every argument check.
 // - CPU: the value is read at once and the call proceeds as the float form (same checks, same
 //   errors, same results).
 // - CUDA: the kernel reads the value when it runs. The call reads nothing on the host, does not

@@ -157,6 +157,12 @@ bool views_overlap(const TensorView& a, const TensorView& b) {
   return a0 < b1 && b0 < a1;
 }
 
+void check_scale_apart(const char* op, const TensorView& scale, const char* name,
+                       const TensorView& written) {
+  require(!views_overlap(scale, written), ErrorCode::kInvalidArgument, op,
+          ": scale must not overlap ", name);
+}
+
 }  // namespace mlakit::detail
 
 namespace mlakit::detail {

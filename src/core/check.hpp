@@ -79,6 +79,10 @@ float host_scale_value(const TensorView& t);
 // True when the byte ranges two views can touch intersect (empty views touch nothing). For views
 // check_storage accepted (non-negative strides).
 bool views_overlap(const TensorView& a, const TensorView& b);
+// A scale tensor must not share memory with the op's output `written` (named `name`): the CUDA
+// kernels read the scale on the device while they write the output.
+void check_scale_apart(const char* op, const TensorView& scale, const char* name,
+                       const TensorView& written);
 
 }  // namespace mlakit::detail
 

@@ -302,6 +302,7 @@ void concat_and_cache_mla(const TensorView& kv_c, const TensorView& k_pe,
       kConcatOp,
       {{"kv_c", &kv_c}, {"k_pe", &k_pe}, {"kv_cache", &kv_cache}, {"slot_mapping", &slot_mapping}});
   detail::check_scale_tensor(kConcatOp, "scale", scale, device);
+  detail::check_scale_apart(kConcatOp, scale, "kv_cache", kv_cache);
   if (!device.is_cuda()) {  // a host scale: read now, checked as the float form checks it
     return concat_and_cache_mla(kv_c, k_pe, kv_cache, slot_mapping, kv_cache_dtype,
                                 detail::host_scale_value(scale), stream);
@@ -393,6 +394,7 @@ void gather_and_maybe_dequant_cache(const TensorView& src_cache, const TensorVie
   const Device device =
       gather_device(src_cache, dst, block_table, cu_seq_lens, token_to_seq, seq_starts);
   detail::check_scale_tensor(kGatherOp, "scale", scale, device);
+  detail::check_scale_apart(kGatherOp, scale, "dst", dst);
   if (!device.is_cuda()) {  // a host scale: read now, checked as the float form checks it
     return gather_and_maybe_dequant_cache(src_cache, dst, block_table, cu_seq_lens, token_to_seq,
                                           num_tokens, kv_dtype, detail::host_scale_value(scale),

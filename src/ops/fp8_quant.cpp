@@ -67,6 +67,7 @@ void scaled_fp8_quant(const TensorView& input, const TensorView& out, const Tens
                       Stream stream) {
   const Device device = validate_quant(kQuantOp, input, out);
   detail::check_scale_tensor(kQuantOp, "scale", scale, device);
+  detail::check_scale_apart(kQuantOp, scale, "out", out);
   if (!device.is_cuda()) {  // a host scale: read now, checked as the float form checks it
     return scaled_fp8_quant(input, out, detail::host_scale_value(scale), stream);
   }
