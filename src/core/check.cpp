@@ -144,14 +144,27 @@ float host_scale_value(const TensorView& t) {
 }
 
 bool views_overlap(const TensorView& a, const TensorView& b) {
-  auto range = [](const TensorView& t, const char** first, const char** last) {
-    *first = *last = static_cast<const char*>(t.data);
-    if (t.numel() == 0) return;
+  // Byte ranges as integers. A view not validated yet (null data, a negative or overflowing
+  // extent) touches nothing here, as an empty one does: its own check reports it.
+  auto range = [](const TensorView& t, uintptr_t* first, uintptr_t* last) {
+    *first = *last = reinterpret_cast<uintptr_t>(t.data);
+    if (t.data == nullptr || t.ndim < 0 || t.ndim > kMaxDims || t.numel() <= 0) return;
     int64_t last_elem = 0;
-    for (int d = 0; d < t.ndim; ++d) last_elem += (t.shape[d] - 1) * t.strides[d];
-    *last += (last_elem + 1) * t.element_size();
+    for (int d = 0; d < t.ndim; ++d) {
+      int64_t step = 0;
+      if (t.shape[d] < 1 || t.strides[d] < 0 ||
+          __builtin_mul_overflow(t.shape[d] - 1, t.strides[d], &step) ||
+          __builtin_add_overflow(last_elem, step, &last_elem)) {
+        return;
+      }
+    }
+    int64_t bytes = 0;
+    if (__builtin_mul_overflow(last_elem + 1, static_cast<int64_t>(t.element_size()), &bytes)) {
+      return;
+    }
+    *last += static_cast<uintptr_t>(bytes);
   };
-  const char *a0, *a1, *b0, *b1;
+  uintptr_t a0, a1, b0, b1;
   range(a, &a0, &a1);
   range(b, &b0, &b1);
   return a0 < b1 && b0 < a1;

@@ -76,8 +76,8 @@ void check_positive_finite(const char* op, const char* name, float value);
 void check_scale_tensor(const char* op, const char* name, const TensorView& t, Device device);
 // The value of a host scale tensor that check_scale_tensor accepted.
 float host_scale_value(const TensorView& t);
-// True when the byte ranges two views can touch intersect (empty views touch nothing). For views
-// check_storage accepted (non-negative strides).
+// True when the byte ranges two views can touch intersect. Empty views touch nothing, and so do
+// views no check has accepted yet (null data, negative strides, an extent that overflows).
 bool views_overlap(const TensorView& a, const TensorView& b);
 // A scale tensor must not share memory with the op's output `written` (named `name`): the CUDA
 // kernels read the scale on the device while they write the output.
