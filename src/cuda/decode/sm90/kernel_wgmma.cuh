@@ -10,20 +10,16 @@
 //                    but the score warpgroup, when it needs the tile);
 //   score warpgroup  waits for the stage's mbarrier; zeroes the values of keys past the segment's
 //                    end (last tile); S = q K_t^T with 36 wgmma m64n64k16 (the whole tile: q is
-//                    read once per tile), mask, row max within the quad, online softmax: alpha
-//                    (O's rescale) per row written and ALPHA_READY(t) signalled before the
-//                    exponentials; P (16-bit, stmatrix) over the stage's rope columns, which the
-//                    values never read; signals P_READY(t);
+//                    read once per tile), scale, mask, row max within the quad, online softmax; P
+//                    (16-bit) over the stage's rope columns, which the values never read, and
+//                    alpha (O's rescale) per row; signals P_READY(t);
 //   values           each warpgroup O_g = O_g * alpha + P V_t[:, 256 g : 256 g + 256] (4 wgmma
-//                    m64n256k16): the copy warpgroup rescales as soon as ALPHA_READY(t), while
-//                    the score warpgroup's exponentials run, and issues its MMAs at P_READY(t);
-//                    a warp whose rows all kept their max skips the rescale. The score
-//                    warpgroup then signals STAGE_FREE(t).
+//                    m64n256k16); the score warpgroup then signals STAGE_FREE(t).
 // So the score warpgroup's scores of tile t + 1 run beside the copy warpgroup's values of tile t.
 // Named barriers per stage (256 threads; bar.arrive by the score side, bar.sync by the copy side):
-// ALPHA_READY, P_READY, STAGE_FREE. A barrier of stage s is reused two tiles later; in between,
-// the score warpgroup waits for tile t + 2, which the copy warpgroup issues only after its syncs
-// of tile t, so no arrival runs a phase ahead; the same holds for the mbarriers and the alphas.
+// P_READY, STAGE_FREE. A barrier of stage s is reused two tiles later; in between, the score
+// warpgroup waits for tile t + 2, which the copy warpgroup issues only after its syncs of tile t,
+// so no arrival runs a phase ahead; the same holds for the mbarriers and the alphas.
 #pragma once
 
 #include <cmath>
