@@ -280,28 +280,16 @@ __device__ __forceinline__ void decode_segment_wgmma(const DecodeKernelParams& p
         if (quad_leader) alpha_of[st * Cfg::kBlockM + local_row[h]] = alpha[h];
       }
       barrier_arrive(kAlphaReady, st);
-      // The packed pair (h, c) = columns 8 c + 2 (lane % 4) + {0, 1} of row half h (s(h, 2 c),
-      // s(h, 2 c + 1): the accumulator's column order) is lane l's share of the 8x8 matrix (h, c)
-      // of the warp's 16 rows, so stmatrix stores P four matrices at a time.
-      uint32_t p_pairs[2][kBlockN / 8];
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         CUTE_UNROLL
-        for (int c = 0; c < kBlockN / 8; ++c) {
-          const float p0 = fast_exp2(fmaf(s(h, 2 * c), p.score_scale_log2, -m_use[h]));
-          const float p1 = fast_exp2(fmaf(s(h, 2 * c + 1), p.score_scale_log2, -m_use[h]));
+        for (int j = 0; j < size<1>(s); j += 2) {
+          const float p0 = fast_exp2(fmaf(s(h, j), p.score_scale_log2, -m_use[h]));
+          const float p1 = fast_exp2(fmaf(s(h, j + 1), p.score_scale_log2, -m_use[h]));
           l_run[h] += p0 + p1;
-          p_pairs[h][c] = Cfg::Element::pack(p0, p1);
+          *reinterpret_cast<uint32_t*>(&sP(local_row[h], get<1>(s_coord(h, j)))) =
+              Cfg::Element::pack(p0, p1);
         }
-      }
-      const int lane = tid % 32;
-      const int warp_row0 = local_row[0] - lane / 4;  // the warp's first row
-#pragma unroll
-      for (int g = 0; g < kBlockN / 16; ++g) {  // matrix i of group g: h = i % 2, c = 2 g + i / 2
-        const uint32_t pairs[4] = {p_pairs[0][2 * g], p_pairs[1][2 * g], p_pairs[0][2 * g + 1],
-                                   p_pairs[1][2 * g + 1]};
-        const int i = lane / 8;
-        stmatrix_x4(smem_addr(&sP(warp_row0 + 8 * (i % 2) + lane % 8, 8 * (2 * g + i / 2))), pairs);
       }
       fence_shared_for_wgmma();  // this thread's P stores become visible to wgmma
       barrier_arrive(kPReady, st);

@@ -54,14 +54,6 @@ __device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], uint32_t add
                : "r"(addr));
 }
 
-// Stores four 8x8 16-bit matrices: lanes 8i..8i+7 give the row addresses of matrix i, and lane l
-// holds elements (l / 4, 2 (l % 4) + {0, 1}) of each in r[i] (the inverse of ldmatrix_x4).
-__device__ __forceinline__ void stmatrix_x4(uint32_t addr, const uint32_t (&r)[4]) {
-  asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(addr),
-               "r"(r[0]), "r"(r[1]), "r"(r[2]), "r"(r[3])
-               : "memory");
-}
-
 // 2^x with the SFU (max relative error 2^-22); 2^-inf = +0.
 __device__ __forceinline__ float fast_exp2(float x) {
   float y;
