@@ -86,7 +86,7 @@ __device__ __forceinline__ auto rows_by_columns(Frag&& t) {
 }
 
 // The named barriers of stage `stage` (see the top of the file); ids from 1 (0 is __syncthreads').
-enum DecodeBarrier : int { kPReady = 1, kStageFree = 3, kAlphaReady = 6 };
+enum DecodeBarrier : int { kPReady = 1, kStageFree = 3 };
 inline constexpr int kScoresZeroed = 5;  // the score warpgroup alone (128 threads)
 // Pages a 64-key tile spans at most: block_size 8 (cache_tensor_map.hpp).
 inline constexpr int kMaxPagesPerTile = 8;
@@ -147,18 +147,13 @@ __device__ __forceinline__ void decode_segment_wgmma(const DecodeKernelParams& p
   static_assert(decltype(size<0>(o))::value == 2, "each thread holds two rows of O");
   const int local_row[2] = {get<0>(o_coord(0, 0)), get<0>(o_coord(1, 0))};
 
-  // O *= alpha over this warpgroup's columns; alpha[h]: the rescale of row h. Skipped by a warp
-  // whose rows all kept their max (alpha exactly 1: most tiles once a row has seen a few).
-  auto rescale_values = [&](const float(&alpha)[2]) {
-    if (!__any_sync(0xffffffffu, alpha[0] != 1.0f || alpha[1] != 1.0f)) return;
+  // O = O * alpha + P_t V_t over this warpgroup's columns; alpha[h]: the rescale of row h.
+  auto accumulate_values = [&](int t, const float(&alpha)[2]) {
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       CUTE_UNROLL
       for (int j = 0; j < size<1>(o); ++j) o(h, j) *= alpha[h];
     }
-  };
-  // O += P_t V_t over this warpgroup's columns.
-  auto accumulate_values = [&](int t) {
     const auto p_desc = thr_o.partition_fragment_A(  // (MMA, 1, 4 k blocks)
         make_tensor(smem_t(stage(t) + Cfg::kPInStageOffset), typename L::P{}));
     const auto v_desc = thr_o.partition_fragment_B(make_tensor(smem_t(stage(t)), typename L::Vt{}));
@@ -261,31 +256,26 @@ __device__ __forceinline__ void decode_segment_wgmma(const DecodeKernelParams& p
           thr_s.partition_fragment_B(make_tensor(smem_t(stage(t)), typename L::Operand{}));
       warpgroup_gemm(mma_s, q_desc, k_desc, acc_s, false);
 
-      // mask, row max, online softmax (the scale, > 0, commutes with the max and is fused into
-      // the exponent); alpha published first so that the copy warpgroup rescales its values
-      // while these exponentials run; then P over the stage's rope columns.
+      // scale, mask, row max, online softmax; P over the stage's rope columns
       const auto sP = make_tensor(smem_t(stage(t) + Cfg::kPInStageOffset), typename L::P{});
-      float alpha[2], m_use[2];
+      float alpha[2];
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         float tile_max = -INFINITY;
         CUTE_UNROLL
         for (int j = 0; j < size<1>(s); ++j) {
           const int pos = tile_start + get<1>(s_coord(h, j));
-          if (pos >= row_end[h]) s(h, j) = -INFINITY;
-          tile_max = fmaxf(tile_max, s(h, j));
+          const float v = pos < row_end[h] ? s(h, j) * p.score_scale_log2 : -INFINITY;
+          s(h, j) = v;
+          tile_max = fmaxf(tile_max, v);
         }
-        tile_max = quad_max(tile_max) * p.score_scale_log2;
-        alpha[h] = fold_tile_max<1, 1>(&tile_max, 0, m_run[h], l_run[h], m_use[h]);
+        tile_max = quad_max(tile_max);
+        float m_use;
+        alpha[h] = fold_tile_max<1, 1>(&tile_max, 0, m_run[h], l_run[h], m_use);
         if (quad_leader) alpha_of[st * Cfg::kBlockM + local_row[h]] = alpha[h];
-      }
-      barrier_arrive(kAlphaReady, st);
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
         CUTE_UNROLL
         for (int j = 0; j < size<1>(s); j += 2) {
-          const float p0 = fast_exp2(fmaf(s(h, j), p.score_scale_log2, -m_use[h]));
-          const float p1 = fast_exp2(fmaf(s(h, j + 1), p.score_scale_log2, -m_use[h]));
+          const float p0 = fast_exp2(s(h, j) - m_use), p1 = fast_exp2(s(h, j + 1) - m_use);
           l_run[h] += p0 + p1;
           *reinterpret_cast<uint32_t*>(&sP(local_row[h], get<1>(s_coord(h, j)))) =
               Cfg::Element::pack(p0, p1);
@@ -293,18 +283,15 @@ __device__ __forceinline__ void decode_segment_wgmma(const DecodeKernelParams& p
       }
       fence_shared_for_wgmma();  // this thread's P stores become visible to wgmma
       barrier_arrive(kPReady, st);
-      rescale_values(alpha);
-      accumulate_values(t);
+      accumulate_values(t, alpha);
       barrier_arrive(kStageFree, st);
     }
   } else {
     for (int t = 0; t < w.num_tiles; ++t) {
       const int st = t % Cfg::kStages;
-      barrier_sync(kAlphaReady, st);  // alpha_t is written
+      barrier_sync(kPReady, st);  // P_t and alpha_t are written (and tile t has landed)
       const float* alpha_t = alpha_of + st * Cfg::kBlockM;
-      rescale_values({alpha_t[local_row[0]], alpha_t[local_row[1]]});
-      barrier_sync(kPReady, st);  // P_t is written (and tile t has landed)
-      accumulate_values(t);
+      accumulate_values(t, {alpha_t[local_row[0]], alpha_t[local_row[1]]});
       barrier_sync(kStageFree, st);  // the score warpgroup is done with stage st
       if (producer && t + Cfg::kStages < w.num_tiles) issue_tile(t + Cfg::kStages);
     }
