@@ -247,10 +247,13 @@ void MlaAttention::forward(const TensorView& q, const TensorView& kv_c_normed,
   const int64_t n = d.num_heads, p = d.qk_nope_head_dim, l = d.kv_lora_rank, r = d.qk_rope_head_dim,
                 v = d.v_head_dim, pv = d.kv_b_out_dim(), npv = n * pv;
   const int64_t td = plan.split.num_decode_tokens, tp = s.prefill_tokens;
+  // The decode phase runs tokens [0, decode_rows); the padded tokens after them (in a batch of
+  // decodes alone), [decode_rows, td), attend to nothing and get zero rows.
+  const int64_t decode_rows = s.decode_rows;
   // The decode queries' rope part q[:, :, P:] goes into ql[:, :, L:] with the cache write (one
   // launch less) when nothing runs between the two: in steps without prefill tokens. With them,
   // the prefill phase reuses ql's workspace bytes first, so the copy waits for the decode phase.
-  const bool q_rope_with_cache_write = td > 0 && tp == 0;
+  const bool q_rope_with_cache_write = decode_rows > 0 && tp == 0;
 
   // 1. Every actual token goes into the cache before any attention (spec A.3). (A decode token
   //    implies a non-empty cache: checked above.)
@@ -258,9 +261,10 @@ void MlaAttention::forward(const TensorView& q, const TensorView& kv_c_normed,
     const TensorView kv_c_t = kv_c_normed.narrow(0, 0, tokens), k_pe_t = k_pe.narrow(0, 0, tokens);
     const TensorView slots = s.slot_mapping.narrow(0, 0, tokens);
     if (q_rope_with_cache_write) {
-      ops::concat_and_cache_mla_with_q_rope(kv_c_t, k_pe_t, kv_cache, slots, c.kv_cache_dtype,
-                                            scales.k_scale, q.narrow(0, 0, td).narrow(2, p, r),
-                                            buf.ql.narrow(0, 0, td).narrow(2, l, r), stream);
+      ops::concat_and_cache_mla_with_q_rope(
+          kv_c_t, k_pe_t, kv_cache, slots, c.kv_cache_dtype, scales.k_scale,
+          q.narrow(0, 0, decode_rows).narrow(2, p, r),
+          buf.ql.narrow(0, 0, decode_rows).narrow(2, l, r), stream);
     } else {
       ops::concat_and_cache_mla(kv_c_t, k_pe_t, kv_cache, slots, c.kv_cache_dtype, scales.k_scale,
                                 stream);
@@ -329,13 +333,16 @@ void MlaAttention::forward(const TensorView& q, const TensorView& kv_c_normed,
                              buf.part_lse, stream);
     }
   }
-  // Tokens past the last request (CUDA-graph padding after prefills) attend to nothing: zeros.
+  // Tokens past the last request (CUDA-graph padding after prefills, or after the decodes of a
+  // batch of decodes alone) attend to nothing: zeros.
   if (td + tp < tokens) ops::fill_zero(output.narrow(0, td + tp, tokens - td - tp), stream);
+  if (decode_rows < td) ops::fill_zero(output.narrow(0, decode_rows, td - decode_rows), stream);
 
   // 3. Decode path (spec A.6): absorb W_UK, latent MQA over the cache, V up-projection.
-  if (td > 0) {
-    const TensorView q_d = q.narrow(0, 0, td);
-    const TensorView ql = buf.ql.narrow(0, 0, td), o_lat = buf.o_lat.narrow(0, 0, td);
+  if (decode_rows > 0) {
+    const TensorView q_d = q.narrow(0, 0, decode_rows);
+    const TensorView ql = buf.ql.narrow(0, 0, decode_rows);
+    const TensorView o_lat = buf.o_lat.narrow(0, 0, decode_rows);
     // ql[t, n, 0:L] = q_nope[t, n, :] @ W_UK_T[n]   (as a per-head batch: [N, Td, P] @ [N, P, L])
     ops::batched_matmul(q_d.narrow(2, 0, p).transpose(0, 1), w.w_uk_t,
                         ql.narrow(2, 0, l).transpose(0, 1), stream);
@@ -349,7 +356,7 @@ void MlaAttention::forward(const TensorView& q, const TensorView& kv_c_normed,
     if (!dcp) {
       TensorView q_kernel = ql;
       if (fp8_query) {
-        q_kernel = buf.ql_fp8.narrow(0, 0, td);
+        q_kernel = buf.ql_fp8.narrow(0, 0, decode_rows);
         ops::scaled_fp8_quant(ql, q_kernel, scales.q_scale, stream);
       }
       decode_local(s, q_kernel, kv_cache, o_lat, buf.lse, params, /*zero_padding_lse=*/false,
@@ -369,7 +376,7 @@ void MlaAttention::forward(const TensorView& q, const TensorView& kv_c_normed,
     }
     // out[t, n * V + :] = o_lat[t, n, :] @ W_UV[n]   ([N, Td, L] @ [N, L, V])
     ops::batched_matmul(o_lat.transpose(0, 1), w.w_uv,
-                        rows_as_heads(output, 0, td, n, v).transpose(0, 1), stream);
+                        rows_as_heads(output, 0, decode_rows, n, v).transpose(0, 1), stream);
   }
 }
 

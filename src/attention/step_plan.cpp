@@ -128,6 +128,20 @@ int64_t metadata_capacity(const MlaAttentionConfig& c) {
          chunks * chunk_metadata_ints(c, c.max_num_seqs);
 }
 
+// Rows of the decode phase's temporaries (ql, o_lat, lse, the DCP buffers): the decode requests'
+// tokens as the decode runs read them, a uniform run viewing them as [num_decodes, q_len] with its
+// padding requests' tokens. A batch that is all decodes also owns every padded token after its last
+// request (spec B.4 returns (R, 0, T, 0)), up to max_num_batched_tokens of them whatever R is;
+// those attend to nothing, so forward writes their output rows as zeros and nothing is carved for
+// them. Bound: every decode has q_len <= the planner's decode threshold t, so the rows are at most
+// num_decodes * t <= max_num_seqs * t, and at most num_decode_tokens <= max_num_batched_tokens:
+// the Td of worst_shape. They cover every run (decode_runs' first_padding_token: num_decode_tokens
+// for a uniform run, where it is num_decodes * q_len, else query_start_loc[num_decodes]). From the
+// query offsets only, not the (under DCP per-rank) lengths: every DCP rank exchanges as many rows.
+int64_t decode_rows(const Plan& p) {
+  return std::min(p.split.num_decode_tokens, p.split.num_decodes * p.max_decode_query_len);
+}
+
 // Under DCP the decode runs all W N query heads of the group over this rank's keys.
 int64_t decode_heads(const MlaAttentionConfig& c) { return c.dcp.world_size * c.dims.num_heads; }
 
@@ -146,6 +160,7 @@ StepShape worst_shape(const MlaAttentionConfig& c) {
   // Any prefill may have context, even at max_model_len 1 (a request with no new token after a
   // prefill is a prefill whose context is its whole seq_len).
   s.chunk_rows = context_chunk_rows(c);
+  // Rows, not tokens: padded tokens after the decodes take none (decode_rows).
   s.decode_tokens = std::min(c.max_num_batched_tokens, c.max_num_seqs * threshold);
   // A decode run of q_len q holds at most decode_tokens / q requests.
   for (int64_t q = 1; q <= std::min(threshold, s.decode_tokens); ++q) {
@@ -400,6 +415,7 @@ std::vector<int64_t> launch_signature(const StepPlan::State& s) {
   const Plan& p = s.plan;
   std::vector<int64_t> sig = {s.num_actual_tokens,
                               s.prefill_tokens,
+                              s.decode_rows,
                               p.num_reqs,
                               p.split.num_decodes,
                               p.split.num_prefills,
@@ -497,7 +513,11 @@ StepPlan plan_step(const MlaAttentionConfig& config, const ForwardBatch& batch,
   shape.metadata_ints +=
       static_cast<int64_t>(batch.seq_lens.size() + s.plan.prefill_query_start_loc.size());
   shape.prefill_tokens = s.prefill_tokens;
-  shape.decode_tokens = s.plan.split.num_decode_tokens;
+  s.decode_rows = decode_rows(s.plan);
+  require(s.runs.first_padding_token <= s.decode_rows, ErrorCode::kInternal, kPlanOp,
+          ": the decode runs read ", s.runs.first_padding_token, " rows, the decode phase has ",
+          s.decode_rows);
+  shape.decode_tokens = s.decode_rows;
   for (const DecodeRun& run : s.runs.runs) {
     shape.split_elems = std::max(
         shape.split_elems, ops::mla_decode_workspace_elems(run.schedule, run.query_len,

@@ -34,7 +34,7 @@ struct StepShape {
   int64_t prefill_tokens = 0;  // Tp
   // Rows of the largest context chunk (0: no context); under DCP also of its all-gathered entries.
   int64_t chunk_rows = 0;
-  int64_t decode_tokens = 0;  // Td
+  int64_t decode_tokens = 0;  // Td: rows of the decode phase (padded tokens after it take none)
   int64_t split_elems = 0;    // f32 elements of the largest decode run's split workspace
 };
 
@@ -91,6 +91,7 @@ struct StepPlan::State {
   detail::DecodeRuns runs;
   int64_t num_actual_tokens = 0;
   int64_t prefill_tokens = 0;  // Tp: real prefill tokens (padding tokens follow them)
+  int64_t decode_rows = 0;     // Td: the decode phase's; decode tokens past them are padding
   TensorView block_table;      // i32 [>= R, max_blocks] (the engine's; under DCP this rank's)
   TensorView slot_mapping;     // i64 [>= T] (the engine's; under DCP buffers.dcp_slots)
 

@@ -112,6 +112,45 @@ TEST(StepPlan, RandomBatchesAgainstTheOracle) {
   }
 }
 
+// fuzz_capi's finding tests/fuzz/corpus/capi/f3bb9a21d3efe7fe897691a38b9d88cf01562558: a varlen
+// decode-only batch whose padded tokens after its last request (num_actual_tokens >
+// query_start_loc[R]) are decode tokens (spec B.4: (R, 0, T, 0)), more of them than max_num_seqs *
+// decode_threshold, the decode rows the workspace is sized for. forward failed with "workspace
+// arena overflow"; the padded tokens now get zero rows without decode temporaries, and the decodes
+// match the oracle.
+TEST(StepPlan, PaddedTokensAfterVarlenDecodesFitTheWorkspace) {
+  for (bool step : {false, true}) {
+    // The finding's layer and batch: N 2, L 512, R 64, P 1, V 4 (a decode row outweighs a prefill
+    // row), f16, fp8_ds_mla cache, block size 1, one-row chunks; four decodes of one token without
+    // context, and one padded token.
+    E2eCase c = step_case("fuzz_padded_decode_only", {1, 1, 1, 1}, {1, 1, 1, 1}, 1070);
+    c.dims = MlaDims{2, 512, 64, 1, 4};
+    c.act_dtype = DType::kF16;
+    c.kv_dtype = KvCacheDType::kFp8DsMla;
+    c.block_size = 1;
+    c.workspace_tokens = 1;
+    c.padding_tokens = 1;
+    c.step_plan = step;
+    EXPECT_EQ(run_e2e_case(c).num_decodes, 4);
+
+    // Decodes with context, more padded tokens than requests.
+    E2eCase ctx = step_case("padded_decodes_with_context", {30, 41, 17}, {1, 1, 1}, 1071);
+    ctx.dims = MlaDims{2, 512, 64, 16, 16};
+    ctx.padding_tokens = 6;
+    ctx.step_plan = step;
+    EXPECT_EQ(run_e2e_case(ctx).num_decodes, 3);
+
+    // Varlen speculative decodes (q_len 2, 1, 2 under threshold 2) and padded tokens: the decode
+    // rows reach num_decodes * 2 = 6, one past the decodes' 5 tokens.
+    E2eCase spec = step_case("padded_varlen_spec_decodes", {30, 41, 17}, {2, 1, 2}, 1072);
+    spec.dims = MlaDims{2, 512, 64, 16, 16};
+    spec.decode_threshold = 2;
+    spec.padding_tokens = 5;
+    spec.step_plan = step;
+    EXPECT_EQ(run_e2e_case(spec).num_decodes, 3);
+  }
+}
+
 // ---- Sizing ----------------------------------------------------------------------------------
 
 MlaAttentionConfig deepseek_v3_config() {
@@ -138,14 +177,15 @@ TEST(StepPlan, DeepSeekV3WorkspaceFitsTwoGiB) {
   EXPECT_LE(workspace_bytes(fp8), int64_t{2} << 30);
 }
 
-// Random engine limits and random steps within them: plan_step never runs out of the workspace
-// that workspace_bytes sized (index entries, chunks, decode splits included).
-TEST(StepPlan, RandomStepsFitTheWorstCaseWorkspace) {
+// Random engine limits and random steps within them, padded ones included: plan_step never runs
+// out of the workspace that workspace_bytes sized (index entries, chunks, decode splits included).
+void expect_random_steps_fit_the_worst_case_workspace(const MlaDims& dims) {
   auto rng = make_rng(1050);
+  auto padding_rng = make_rng(1051);  // a stream of its own: the batches stay those drawn before
   std::uniform_int_distribution<int> coin(0, 1);
   for (int config_iter = 0; config_iter < 12; ++config_iter) {
     MlaAttentionConfig c;
-    c.dims = small_dims();
+    c.dims = dims;
     c.scale = 0.3f;
     c.act_dtype = DType::kF32;
     c.block_size = std::vector<int64_t>{1, 4, 16, 64}[config_iter % 4];
@@ -185,13 +225,26 @@ TEST(StepPlan, RandomStepsFitTheWorstCaseWorkspace) {
       ForwardBatch batch;
       batch.query_start_loc = qsl;
       batch.seq_lens = seq_lens;
+      // Padded tokens after the last request on every other step, up to the limit: a decode-only
+      // step counts them as decode tokens (spec B.4).
       batch.num_actual_tokens = qsl.back();
+      if (coin(padding_rng)) {
+        batch.num_actual_tokens += std::uniform_int_distribution<int64_t>(
+            0, c.max_num_batched_tokens - qsl.back())(padding_rng);
+      }
       batch.block_table = table;
       batch.slot_mapping = slots;
       const StepPlan step = plan_step(c, batch, workspace);
       EXPECT_LE(step.workspace_bytes_used(), workspace.bytes());
     }
   }
+}
+
+TEST(StepPlan, RandomStepsFitTheWorstCaseWorkspace) {
+  expect_random_steps_fit_the_worst_case_workspace(small_dims());
+  // A decode row (L + R = 576 wide) outweighs a prefill row (N (P + V) = 10) here, so the decode
+  // phase sizes the workspace.
+  expect_random_steps_fit_the_worst_case_workspace(MlaDims{2, 512, 64, 1, 4});
 }
 
 // ---- Plans across steps ----------------------------------------------------------------------

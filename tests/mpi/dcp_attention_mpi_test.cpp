@@ -115,5 +115,44 @@ TEST(DcpAttentionMpi, EveryRankMatchesTheSingleRankLayerAndTheOracle) {
   }
 }
 
+// A batch of decodes alone with padded tokens after its last request (spec B.4 makes them decode
+// tokens), more of them than max_num_seqs * decode_threshold: every rank exchanges the decode
+// requests' rows only (the same count on every rank), and the padded tokens get zero rows (the
+// harness checks them). Before, the decode phase carved a row per padded token too and overran the
+// workspace (fuzz_capi's finding, tests/e2e/step_plan_test.cpp).
+TEST(DcpAttentionMpi, PaddedTokensAfterDecodesOnEveryRank) {
+  const std::unique_ptr<dist::Communicator> comm = dist::make_mpi_communicator(MPI_COMM_WORLD);
+  const int64_t w = comm->world_size(), rank = comm->rank();
+  uint64_t stream = 1950;
+  for (bool engine_form : {false, true}) {
+    test::E2eCase single;
+    single.name = engine_form ? "padded decodes, engine" : "padded decodes";
+    // Wide latent rows and one-block chunks: the decode phase outweighs the prefill phase.
+    single.dims = MlaDims{2, 512, 64, 16, 16};
+    single.act_dtype = DType::kBF16;
+    single.block_size = 16;
+    single.workspace_tokens = 16;  // lcm(block_size, W I) at W I = 2, 4 and 8
+    single.seq_lens = {static_cast<int32_t>(2 * w) + 1, 49, 1};
+    single.query_lens = {1, 1, 1};
+    single.padding_tokens = 20;
+    single.step_plan = engine_form;
+    single.num_layers = engine_form ? 2 : 1;
+    single.seed_stream = ++stream;
+    single.head_ranks = w;
+    single.head_rank = rank;
+    single.dcp_interleave = 2;
+    SCOPED_TRACE(single.name + ", rank " + std::to_string(rank) + " of " + std::to_string(w));
+    test::E2eCase dcp = single;
+    dcp.name += " (DCP)";
+    dcp.dcp_comm = comm.get();
+    const test::E2eResult expected = test::run_e2e_case(single);
+    const test::E2eResult got = test::run_e2e_case(dcp);
+    EXPECT_EQ(got.num_decodes, 3);
+    EXPECT_TRUE(test::all_close(got.output, test::to_doubles(expected.output),
+                                test::tolerance_for(DType::kBF16)))
+        << "DCP vs single-rank layer";
+  }
+}
+
 }  // namespace
 }  // namespace mlakit
