@@ -11,11 +11,13 @@ DecodeRuns decode_runs(const Plan& plan, std::span<const int32_t> query_start_lo
   if (nd == 0) return result;
   auto q_len = [&](int64_t b) { return int64_t{query_start_loc[b + 1] - query_start_loc[b]}; };
 
-  // Uniform: one q_len s for every decode, padding requests (q_len 0, seq_len 0) included.
+  // Uniform: one q_len s for every decode, padding requests (q_len 0, seq_len 0) included, and
+  // request b's tokens at rows [b s, b s + s) (the decode reads q as [num_decodes, s]): a padding
+  // request before a real one would shift it, so only trailing ones keep the block.
   const int64_t s = q_len(0);
   bool uniform = s > 0 && nd * s == td;
   for (int64_t b = 0; b < nd && uniform; ++b) {
-    uniform = q_len(b) == s || (q_len(b) == 0 && seq_lens[b] == 0);
+    uniform = (q_len(b) == s && query_start_loc[b] == b * s) || (q_len(b) == 0 && seq_lens[b] == 0);
   }
   if (uniform) {
     DecodeRun run{0, nd, 0, s, scheduler(seq_lens.subspan(0, nd), s)};

@@ -151,6 +151,26 @@ TEST(StepPlan, PaddedTokensAfterVarlenDecodesFitTheWorkspace) {
   }
 }
 
+// A padding request (q_len 0, seq_len 0) between decodes of one q_len: the decodes' tokens are not
+// at rows b * q_len, so the decode may not read them as one [num_decodes, q_len] block (the third
+// request's token sits at row 1, not 2). With one padded token the counts still add up (3 decodes,
+// 3 decode tokens), which hid it.
+TEST(StepPlan, PaddingRequestBetweenDecodesKeepsEachTokenInItsRow) {
+  for (bool step : {false, true}) {
+    E2eCase c = step_case("padding_request_between_decodes", {5, 0, 5}, {1, 0, 1}, 1080);
+    c.padding_tokens = 1;
+    c.step_plan = step;
+    EXPECT_EQ(run_e2e_case(c).num_decodes, 3);
+
+    E2eCase spec = step_case("padding_request_between_spec_decodes", {9, 30, 0, 12, 0, 40},
+                             {2, 2, 0, 2, 0, 2}, 1081);
+    spec.decode_threshold = 2;
+    spec.padding_tokens = 4;
+    spec.step_plan = step;
+    EXPECT_EQ(run_e2e_case(spec).num_decodes, 6);
+  }
+}
+
 // ---- Sizing ----------------------------------------------------------------------------------
 
 MlaAttentionConfig deepseek_v3_config() {
