@@ -93,6 +93,22 @@ test::E2eCase make_case(const Config& c, int64_t w, int64_t rank, uint64_t strea
   return e;
 }
 
+// Runs `single` as one rank and over the DCP group `comm`; returns the DCP run's result after
+// checking its output against the single-rank layer's. The same values attended in other
+// partitions (ranks, chunks) and orders of f32 sums: equal to the rounding of the bf16 output.
+test::E2eResult expect_dcp_matches_single_rank(const test::E2eCase& single,
+                                               dist::Communicator* comm) {
+  test::E2eCase dcp = single;
+  dcp.name += " (DCP)";
+  dcp.dcp_comm = comm;
+  const test::E2eResult expected = test::run_e2e_case(single);
+  test::E2eResult got = test::run_e2e_case(dcp);
+  EXPECT_TRUE(test::all_close(got.output, test::to_doubles(expected.output),
+                              test::tolerance_for(DType::kBF16)))
+      << "DCP vs single-rank layer";
+  return got;
+}
+
 TEST(DcpAttentionMpi, EveryRankMatchesTheSingleRankLayerAndTheOracle) {
   const std::unique_ptr<dist::Communicator> comm = dist::make_mpi_communicator(MPI_COMM_WORLD);
   const int64_t w = comm->world_size(), rank = comm->rank();
@@ -100,18 +116,9 @@ TEST(DcpAttentionMpi, EveryRankMatchesTheSingleRankLayerAndTheOracle) {
   for (const Config& c : all_configs()) {
     test::E2eCase single = make_case(c, w, rank, ++stream);
     SCOPED_TRACE(single.name + ", rank " + std::to_string(rank) + " of " + std::to_string(w));
-    test::E2eCase dcp = single;
-    dcp.name += " (DCP)";
-    dcp.dcp_comm = comm.get();
-    const test::E2eResult expected = test::run_e2e_case(single);
-    const test::E2eResult got = test::run_e2e_case(dcp);
+    const test::E2eResult got = expect_dcp_matches_single_rank(single, comm.get());
     EXPECT_EQ(got.num_decodes, 4);
     EXPECT_GE(got.context_chunks, 3);  // the prefill contexts, > 2.4 kWorkspaceTokens rows
-    // The same values attended in other partitions (ranks, chunks) and orders of f32 sums: equal
-    // to the rounding of the bf16 output.
-    EXPECT_TRUE(test::all_close(got.output, test::to_doubles(expected.output),
-                                test::tolerance_for(DType::kBF16)))
-        << "DCP vs single-rank layer";
   }
 }
 
@@ -142,15 +149,7 @@ TEST(DcpAttentionMpi, PaddedTokensAfterDecodesOnEveryRank) {
     single.head_rank = rank;
     single.dcp_interleave = 2;
     SCOPED_TRACE(single.name + ", rank " + std::to_string(rank) + " of " + std::to_string(w));
-    test::E2eCase dcp = single;
-    dcp.name += " (DCP)";
-    dcp.dcp_comm = comm.get();
-    const test::E2eResult expected = test::run_e2e_case(single);
-    const test::E2eResult got = test::run_e2e_case(dcp);
-    EXPECT_EQ(got.num_decodes, 3);
-    EXPECT_TRUE(test::all_close(got.output, test::to_doubles(expected.output),
-                                test::tolerance_for(DType::kBF16)))
-        << "DCP vs single-rank layer";
+    EXPECT_EQ(expect_dcp_matches_single_rank(single, comm.get()).num_decodes, 3);
   }
 }
 
