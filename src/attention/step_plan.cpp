@@ -494,7 +494,12 @@ StepPlan plan_step(const MlaAttentionConfig& config, const ForwardBatch& batch,
   // The lengths this rank's decode reads: under DCP its local share of each request.
   const std::span<const int32_t> held_lens =
       dcp ? std::span<const int32_t>(s.plan.local_seq_lens) : batch.seq_lens;
-  const int64_t max_seq_len = std::min(batch.block_table.shape[1] * c.block_size, c.max_model_len);
+  // min(table columns x block_size, max_model_len), without the product: a table may claim any
+  // width (a zero-stride view, say), and columns past max_model_len's blocks change nothing.
+  const int64_t table_cols = batch.block_table.shape[1];
+  const int64_t max_seq_len = table_cols >= (c.max_model_len + c.block_size - 1) / c.block_size
+                                  ? c.max_model_len
+                                  : table_cols * c.block_size;
   s.runs = decode_runs(
       s.plan, batch.query_start_loc, held_lens, [&](std::span<const int32_t> lens, int64_t q_len) {
         return ops::plan_mla_decode(
