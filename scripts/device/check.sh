@@ -175,7 +175,14 @@ if [ -e "${benches[0]}" ]; then
       continue
     fi
     json=()  # benches that write machine-readable rows
-    case "$name" in bench_gpu_forward | bench_gpu_decode) json=(--json "$OUT/$name.json") ;; esac
+    # bench_gpu_decode's rows also name the commit the programs were built from (collect.sh): the
+    # device copy of the tree has no .git.
+    case "$name" in
+      bench_gpu_forward) json=(--json "$OUT/$name.json") ;;
+      bench_gpu_decode)
+        json=(--json "$OUT/$name.json" --commit "$(cat .devbin/COMMIT 2>/dev/null || echo unknown)")
+        ;;
+    esac
     timeout "$BENCH_TIMEOUT" "$binary" "${json[@]}" > "/tmp/$name.log" 2>&1
     rc=$?
     say "-- $name (exit $rc)"
