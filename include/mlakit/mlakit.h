@@ -118,11 +118,12 @@ MLAKIT_API mlakit_status_t mlakit_gather_and_maybe_dequant_cache(
 
 /* The two cache ops above with the scale given as a tensor (ops.hpp "Scales as tensors"): scale is
  * a float32 DLTensor of exactly one element (any shape) on the device of the other tensors, not
- * overlapping kv_cache / dst, as vLLM passes k_scale. CPU: read at once and checked as the float argument is. CUDA: read by the
- * kernel when it runs (no host read, no synchronization, no allocation: capturable in a CUDA graph
- * whose replays use the value the tensor then holds); a value that is not finite and > 0 writes
- * NaN (NaN e4m3 codes into the cache, NaN rows from the gather) and is reported by
- * mlakit_check_device_errors. The value is used only for MLAKIT_KV_CACHE_FP8_E4M3. */
+ * overlapping kv_cache / dst, as vLLM passes k_scale. CPU: read at once and checked as the float
+ * argument is. CUDA: read by the kernel when it runs (no host read, no synchronization, no
+ * allocation: capturable in a CUDA graph whose replays use the value the tensor then holds); a
+ * value that is not finite and > 0 writes NaN (NaN e4m3 codes into the cache, NaN rows from the
+ * gather) and is reported by mlakit_check_device_errors. The value is used only for
+ * MLAKIT_KV_CACHE_FP8_E4M3. */
 MLAKIT_API mlakit_status_t mlakit_concat_and_cache_mla_tensor_scale(
     const DLTensor* kv_c, const DLTensor* k_pe, const DLTensor* kv_cache,
     const DLTensor* slot_mapping, int32_t kv_cache_dtype /* mlakit_kv_cache_dtype_t */,
@@ -183,8 +184,9 @@ MLAKIT_API mlakit_status_t mlakit_dcp_lse_correct(const DLTensor* partial_out,
 MLAKIT_API mlakit_status_t mlakit_scaled_fp8_quant(const DLTensor* input, const DLTensor* out,
                                                    float scale, void* stream);
 /* The same with scale a float32 one-element DLTensor on input's device, not overlapping out, read
- * as the cache ops' tensor scales are (above): on CUDA by the kernel, capturable; a value that is not finite and > 0
- * with a finite reciprocal writes NaN codes and is reported by mlakit_check_device_errors. */
+ * as the cache ops' tensor scales are (above): on CUDA by the kernel, capturable; a value that is
+ * not finite and > 0 with a finite reciprocal writes NaN codes and is reported by
+ * mlakit_check_device_errors. */
 MLAKIT_API mlakit_status_t mlakit_scaled_fp8_quant_tensor_scale(const DLTensor* input,
                                                                 const DLTensor* out,
                                                                 const DLTensor* scale,
