@@ -13,15 +13,19 @@
 //                    each 128-byte column block issued as soon as that block has landed; scale,
 //                    mask, row max within the quad, online softmax; P
 //                    (16-bit) over the stage's rope columns, which the values never read, and
-//                    alpha (O's rescale) per row; signals P_READY(t);
+//                    alpha (O's rescale) per row (once the copy warpgroup has read the stage's
+//                    previous alpha: ALPHA_FREE); signals P_READY(t);
 //   values           each warpgroup O_g = O_g * alpha + P V_t[:, 256 g : 256 g + 256] (4 wgmma
 //                    m64n256k16); the score warpgroup then signals STAGE_FREE(t).
 // So the score warpgroup's scores of tile t + 1 run beside the copy warpgroup's values of tile t.
-// Named barriers per stage (256 threads; bar.arrive by the score side, bar.sync by the copy side):
-// P_READY, STAGE_FREE. A barrier of stage s is reused two tiles later; in between, the score
-// warpgroup waits for tile t + 2, which the copy warpgroup issues only after its syncs of tile t,
-// so no arrival runs a phase ahead; the same holds for the mbarriers (all column blocks of a stage
-// share its phase) and the alphas.
+// Per stage: mbarriers P_READY (the score warpgroup's 128 threads arrive, the copy warpgroup waits)
+// and ALPHA_FREE (the copy warpgroup's 128 threads arrive once they have read the stage's alphas,
+// the score warpgroup waits before writing the stage's next ones), so that every hand-off of the
+// alphas in shared memory is an arrive -> wait pair; a named barrier STAGE_FREE (256 threads;
+// bar.arrive by the score side, bar.sync by the copy side). A barrier of stage s is reused two
+// tiles later; in between, the score warpgroup waits for tile t + 2, which the copy warpgroup
+// issues only after its sync of tile t, so no arrival runs a phase ahead. Every mbarrier of a
+// stage completes one phase per tile in that stage: both warpgroups track the phase parity.
 #pragma once
 
 #include <cmath>
@@ -88,8 +92,8 @@ __device__ __forceinline__ auto rows_by_columns(Frag&& t) {
 }
 
 // The named barriers of stage `stage` (see the top of the file); ids from 1 (0 is __syncthreads').
-enum DecodeBarrier : int { kPReady = 1, kStageFree = 3 };
-inline constexpr int kScoresZeroed = 5;  // the score warpgroup alone (128 threads)
+inline constexpr int kStageFree = 1;     // + stage; 256 threads
+inline constexpr int kScoresZeroed = 3;  // the score warpgroup alone (128 threads)
 // Pages a 64-key tile spans at most: block_size 8 (cache_tensor_map.hpp).
 inline constexpr int kMaxPagesPerTile = 8;
 // k-blocks of a wgmma m64n64k16 (16 columns) per 128-byte column block (64 columns).
@@ -106,21 +110,21 @@ __device__ __forceinline__ void zero_values_past(uint8_t* stage, int valid_keys,
     *reinterpret_cast<uint4*>(stage + Cfg::operand_offset(key, chunk)) = make_uint4(0, 0, 0, 0);
   }
 }
-__device__ __forceinline__ void barrier_arrive(DecodeBarrier b, int stage) {
-  named_barrier_arrive(b + stage, kThreads);
-}
-__device__ __forceinline__ void barrier_sync(DecodeBarrier b, int stage) {
-  named_barrier_sync(b + stage, kThreads);
-}
+// Where each stage's mbarriers stand (every thread keeps its copy across segments): bit s of
+// `parity` is the parity of the phase stage s's mbarriers complete next, bit s of `used` whether
+// stage s has held a tile yet.
+struct StagePhases {
+  uint32_t parity = 0;
+  uint32_t used = 0;
+};
 
 // One segment of the CTA's work (make_work_item), as in kernel.cuh's decode_segment. `smem`: the
-// dynamic shared memory rounded up to kBaseAlignment. `full_phase`: bit s is the parity of the
-// next phase of stage s's mbarrier (score warpgroup; kept across segments).
+// dynamic shared memory rounded up to kBaseAlignment. `phases`: the stages' mbarrier phases.
 template <class Cfg>
 __device__ __forceinline__ void decode_segment_wgmma(const DecodeKernelParams& p,
                                                      const CUtensorMap& cache_map,
                                                      const WorkItem& w, uint8_t* smem,
-                                                     uint32_t& full_phase) {
+                                                     StagePhases& phases) {
   using namespace cute;
   using L = WgmmaLayouts<Cfg>;
   using T = typename L::T;
@@ -141,6 +145,8 @@ __device__ __forceinline__ void decode_segment_wgmma(const DecodeKernelParams& p
   auto full_barrier = [&](int st, int block) {
     return full_barriers + 8 * (st * Cfg::kColumnBlocks + block);
   };
+  const uint32_t p_ready = smem_addr(smem + Cfg::kPReadyBarrierOffset);        // + 8 * stage
+  const uint32_t alpha_free = smem_addr(smem + Cfg::kAlphaFreeBarrierOffset);  // + 8 * stage
 
   typename L::MmaO mma_o;
   const auto thr_o = mma_o.get_thread_slice(tid);
@@ -252,8 +258,10 @@ __device__ __forceinline__ void decode_segment_wgmma(const DecodeKernelParams& p
 
     for (int t = 0; t < w.num_tiles; ++t) {
       const int st = t % Cfg::kStages;
-      const uint32_t parity = (full_phase >> st) & 1u;  // of this use of stage st's mbarriers
-      full_phase ^= 1u << st;
+      const uint32_t parity = (phases.parity >> st) & 1u;  // of this use of stage st's mbarriers
+      const bool reused = (phases.used >> st) & 1u;
+      phases.parity ^= 1u << st;
+      phases.used |= 1u << st;
       const int tile_start = w.key_begin + t * kBlockN;
       const int valid_keys = w.cta_end - tile_start;
       if (valid_keys < kBlockN) {
@@ -287,6 +295,8 @@ __device__ __forceinline__ void decode_segment_wgmma(const DecodeKernelParams& p
       // scale, mask, row max, online softmax; P over the stage's rope columns
       const auto sP = make_tensor(smem_t(stage(t) + Cfg::kPInStageOffset), typename L::P{});
       float alpha[2];
+      // The copy warpgroup has read the alphas of the stage's previous tile.
+      if (reused) mbarrier_wait(alpha_free + 8 * st, parity ^ 1u);
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         float tile_max = -INFINITY;
@@ -310,17 +320,21 @@ __device__ __forceinline__ void decode_segment_wgmma(const DecodeKernelParams& p
         }
       }
       fence_shared_for_wgmma();  // this thread's P stores become visible to wgmma
-      barrier_arrive(kPReady, st);
+      mbarrier_arrive(p_ready + 8 * st);
       accumulate_values(t, alpha);
-      barrier_arrive(kStageFree, st);
+      named_barrier_arrive(kStageFree + st, kThreads);
     }
   } else {
     for (int t = 0; t < w.num_tiles; ++t) {
       const int st = t % Cfg::kStages;
-      barrier_sync(kPReady, st);  // P_t and alpha_t are written (and tile t has landed)
+      const uint32_t parity = (phases.parity >> st) & 1u;
+      phases.parity ^= 1u << st;
+      mbarrier_wait(p_ready + 8 * st, parity);  // P_t and alpha_t are written (tile t has landed)
       const float* alpha_t = alpha_of + st * Cfg::kBlockM;
-      accumulate_values(t, {alpha_t[local_row[0]], alpha_t[local_row[1]]});
-      barrier_sync(kStageFree, st);  // the score warpgroup is done with stage st
+      const float alpha[2] = {alpha_t[local_row[0]], alpha_t[local_row[1]]};
+      mbarrier_arrive(alpha_free + 8 * st);
+      accumulate_values(t, alpha);
+      named_barrier_sync(kStageFree + st, kThreads);  // the score warpgroup is done with stage st
       if (producer && t + Cfg::kStages < w.num_tiles) issue_tile(t + Cfg::kStages);
     }
   }
@@ -368,14 +382,18 @@ __global__ void __launch_bounds__(kThreads, 1)
     for (int i = 0; i < Cfg::kStages * Cfg::kColumnBlocks; ++i) {
       mbarrier_init(smem_addr(smem + Cfg::kFullBarrierOffset + 8 * i), 1);  // the producer
     }
+    for (int st = 0; st < Cfg::kStages; ++st) {  // one warpgroup's threads each
+      mbarrier_init(smem_addr(smem + Cfg::kPReadyBarrierOffset + 8 * st), kWarpgroupThreads);
+      mbarrier_init(smem_addr(smem + Cfg::kAlphaFreeBarrierOffset + 8 * st), kWarpgroupThreads);
+    }
   }
   fence_mbarrier_init();  // the initialized mbarriers become visible to the TMA unit
   __syncthreads();
-  uint32_t full_phase = 0;
+  StagePhases phases;
   for (int segment = work.segment_begin; segment < work.segment_end; ++segment) {
     if (segment > work.segment_begin) __syncthreads();  // the last one is done with shared memory
     decode_segment_wgmma<Cfg>(p, cache_map, make_work_item<Cfg>(p, work.row0, segment), smem,
-                              full_phase);
+                              phases);
   }
 }
 

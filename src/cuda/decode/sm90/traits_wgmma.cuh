@@ -64,8 +64,11 @@ struct WgmmaConfig {
   // The kernel rounds the dynamic shared-memory base up to the 1024-byte swizzle alignment (the
   // hardware swizzles by absolute address bits), which may skip up to this much.
   static constexpr int kBaseAlignment = 1024;
-  static constexpr int kSmemBytes =
-      kFullBarrierOffset + kStages * kColumnBlocks * 8 + kBaseAlignment;
+  // Per stage, the alpha hand-off's mbarriers (8 bytes each, [kStages]): P_READY (P and the
+  // alphas are written) and ALPHA_FREE (the copy warpgroup has read the alphas).
+  static constexpr int kPReadyBarrierOffset = kFullBarrierOffset + kStages * kColumnBlocks * 8;
+  static constexpr int kAlphaFreeBarrierOffset = kPReadyBarrierOffset + kStages * 8;
+  static constexpr int kSmemBytes = kAlphaFreeBarrierOffset + kStages * 8 + kBaseAlignment;
 
   // Byte offset of 16-byte chunk `chunk` of row `row` in the q tile or a K tile (both 64 rows).
   __host__ __device__ static constexpr uint32_t operand_offset(int row, int chunk) {
