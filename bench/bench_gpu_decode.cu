@@ -434,12 +434,24 @@ void write_json(const std::string& path, const std::vector<Row>& rows, const std
   std::fclose(f);
 }
 
+// Whether a row's label contains any of the ';'-separated texts of `only` (empty: every row).
+bool label_selected(const std::string& label, const std::string& only) {
+  size_t begin = 0;
+  while (true) {
+    const size_t end = std::min(only.find(';', begin), only.size());
+    if (label.find(only.substr(begin, end - begin)) != std::string::npos) return true;
+    if (end == only.size()) return false;
+    begin = end + 1;
+  }
+}
+
 }  // namespace
 
 // Usage: bench_gpu_decode [--json PATH] [--commit HASH] [--only TEXT]
 //   --json    also write the rows as JSON to PATH (bench/results/<date>-h200-decode.json)
 //   --commit  the commit the rows are recorded against (default: $MLAKIT_COMMIT, else "unknown")
-//   --only    run just the rows whose "shape kv" label contains TEXT (e.g. under a profiler)
+//   --only    run just the rows whose "shape kv" label contains TEXT (e.g. under a profiler);
+//             TEXT may list several, separated by ';' (a row runs when it contains any of them)
 int main(int argc, char** argv) {
   std::string json_path, only;
   const char* env_commit = std::getenv("MLAKIT_COMMIT");
@@ -512,7 +524,7 @@ int main(int argc, char** argv) {
   for (const Case& c : cases) {
     const std::string label =
         c.shape + (c.batch_invariant ? " batch-invariant " : " ") + kv_label(c);
-    if (label.find(only) != std::string::npos) {
+    if (label_selected(label, only)) {
       rows.push_back(run_case(c, ceil, stream));
     }
   }

@@ -23,39 +23,8 @@ DEADLINE=$((SECONDS + 530))  # 8 min 50 s in all
 TEST_TIMEOUT=240             # one test program
 BENCH_TIMEOUT=120            # one bench program
 
-if [ -f .devbin/programs.tar.gz ]; then  # packed by collect.sh
-  tar -C .devbin -xzf .devbin/programs.tar.gz
-fi
-if [ ! -d .devbin/bin ]; then
-  say "check: no .devbin/bin: build and collect on the build machine, then carry .devbin"
-  exit 2
-fi
-
-# Libraries carried from the build machine, then CUDA's own (toolkit and pip wheels).
-LIBDIR=/tmp/mlakit-devlib
-rm -rf "$LIBDIR" && mkdir -p "$LIBDIR"
-tar -C "$LIBDIR" -xzf .devbin/lib.tar.gz
-cuda_dirs=""
-for d in /usr/local/cuda/lib64 /usr/local/cuda/lib /usr/local/cuda/targets/x86_64-linux/lib; do
-  [ -d "$d" ] && cuda_dirs="$cuda_dirs:$d"
-done
-py_dirs=$(python3 - 2>/dev/null <<'PY'
-import importlib, os
-dirs = []
-for mod in ("nvidia.cublas", "nvidia.cuda_runtime", "nvidia.cu13", "nvidia.nccl"):
-    try:
-        m = importlib.import_module(mod)
-    except Exception:
-        continue
-    for base in getattr(m, "__path__", []):
-        for sub in ("lib", "lib64"):
-            p = os.path.join(base, sub)
-            if os.path.isdir(p):
-                dirs.append(p)
-print(":".join(dirs))
-PY
-)
-export LD_LIBRARY_PATH="$LIBDIR/lib${cuda_dirs}${py_dirs:+:$py_dirs}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+# The programs and libraries carried in .devbin (collect.sh).
+source scripts/device/devbin_env.sh || exit 2
 
 say "== device"
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv,noheader 2>&1 |

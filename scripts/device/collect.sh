@@ -6,6 +6,8 @@
 #   bash scripts/device/collect.sh        -> .devbin/programs.tar.gz (bin/*, libmlakit_c.so), .devbin/lib.tar.gz
 #   ONLY="decode_cuda_test bench_gpu_decode" bash scripts/device/collect.sh   -> just those programs
 #   (the ones check.sh's ONLY will run; build them with cmake --build --preset cuda --target ...)
+#   EXTRA="/tmp/ab/bench_gpu_decode_base ..." also packs those programs as they are (builds of other
+#   commits for an A/B run: scripts/device/ab_decode.sh)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 BUILD=${BUILD:-build/cuda}
@@ -34,6 +36,10 @@ for source in tests/cuda/*_test.cpp bench/bench_gpu_*.cpp bench/bench_gpu_*.cu; 
   found=$((found + 1))
 done
 [ "$found" -gt 0 ] || { echo "collect: nothing to collect"; exit 1; }
+for binary in ${EXTRA:-}; do
+  cp "$binary" .devbin/bin/
+  strip --strip-unneeded ".devbin/bin/$(basename "$binary")"
+done
 # The CLI, for `mlakit info` and `mlakit run --device cuda --verify` (check.sh), when built.
 if [ -x "$BUILD/apps/mlakit/mlakit" ]; then
   cp "$BUILD/apps/mlakit/mlakit" .devbin/bin/mlakit

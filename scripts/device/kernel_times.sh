@@ -10,10 +10,7 @@ cd "$(dirname "$0")/../.."
 OUT=${OUT:-/tmp/mlakit-profile}
 SHAPES=${SHAPES:-"B32 s_kv 1024 h_q 16 bf16;B1 s_kv 4096 h_q 128 bf16"}
 mkdir -p "$OUT"
-tar -C .devbin -xzf .devbin/programs.tar.gz
-LIBDIR=/tmp/mlakit-devlib
-rm -rf "$LIBDIR" && mkdir -p "$LIBDIR" && tar -C "$LIBDIR" -xzf .devbin/lib.tar.gz
-export LD_LIBRARY_PATH="$LIBDIR/lib:$LIBDIR:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
+source scripts/device/devbin_env.sh || exit 2
 : > "$OUT/kernel_times.txt"
 IFS=';' read -ra shapes <<< "$SHAPES"
 for shape in "${shapes[@]}"; do

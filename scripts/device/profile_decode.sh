@@ -10,10 +10,7 @@ OUT=${OUT:-/tmp/mlakit-profile}
 SHAPE=${SHAPE:-"B128 s_kv 4096 h_q 128 bf16"}
 KERNEL=${KERNEL:-wgmma}
 mkdir -p "$OUT"
-tar -C .devbin -xzf .devbin/programs.tar.gz
-LIBDIR=/tmp/mlakit-devlib
-rm -rf "$LIBDIR" && mkdir -p "$LIBDIR" && tar -C "$LIBDIR" -xzf .devbin/lib.tar.gz
-export LD_LIBRARY_PATH="$LIBDIR/lib:$LIBDIR:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
+source scripts/device/devbin_env.sh || exit 2
 # --launch-skip 3: past the bench's warm-up launches; clocks left alone (the device notes ask it).
 common=(--clock-control none --kernel-name "regex:$KERNEL" --launch-skip 3 --launch-count 1)
 timeout 200 ncu "${common[@]}" --section SpeedOfLight --section WarpStateStats \
