@@ -24,12 +24,6 @@ __device__ __forceinline__ void mbarrier_arrive_expect_tx(uint32_t mbar, uint32_
                : "memory");
 }
 
-// Arrives on `mbar` (release: this thread's earlier writes are visible to the threads that see the
-// phase complete).
-__device__ __forceinline__ void mbarrier_arrive(uint32_t mbar) {
-  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(mbar) : "memory");
-}
-
 // Waits until the phase of `mbar` with parity `parity` has completed.
 __device__ __forceinline__ void mbarrier_wait(uint32_t mbar, uint32_t parity) {
   asm volatile(

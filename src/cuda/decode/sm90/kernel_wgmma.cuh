@@ -6,26 +6,20 @@
 // another; per 64-key tile t of a segment (stage t % 2):
 //   copy warpgroup   its first thread issues the TMA copies (cache_tensor_map.hpp), two tiles
 //                    ahead: tile t + 2 goes into stage t % 2 as soon as both warpgroups are done
-//                    with tile t, column block by column block, each announced on its own
-//                    mbarrier (nobody waits for the copies but the score warpgroup);
-//   score warpgroup  zeroes the values of keys past the segment's end (last tile); S = q K_t^T
-//                    with 36 wgmma m64n64k16 (the whole tile: q is read once per tile), the 4 of
-//                    each 128-byte column block issued as soon as that block has landed; scale,
-//                    mask, row max within the quad, online softmax; P
+//                    with tile t, announced on the stage's mbarrier (nobody waits for the copies
+//                    but the score warpgroup, when it needs the tile);
+//   score warpgroup  waits for the stage's mbarrier; zeroes the values of keys past the segment's
+//                    end (last tile); S = q K_t^T with 36 wgmma m64n64k16 (the whole tile: q is
+//                    read once per tile), scale, mask, row max within the quad, online softmax; P
 //                    (16-bit) over the stage's rope columns, which the values never read, and
-//                    alpha (O's rescale) per row (once the copy warpgroup has read the stage's
-//                    previous alpha: ALPHA_FREE); signals P_READY(t);
+//                    alpha (O's rescale) per row; signals P_READY(t);
 //   values           each warpgroup O_g = O_g * alpha + P V_t[:, 256 g : 256 g + 256] (4 wgmma
 //                    m64n256k16); the score warpgroup then signals STAGE_FREE(t).
 // So the score warpgroup's scores of tile t + 1 run beside the copy warpgroup's values of tile t.
-// Per stage: mbarriers P_READY (the score warpgroup's 128 threads arrive, the copy warpgroup waits)
-// and ALPHA_FREE (the copy warpgroup's 128 threads arrive once they have read the stage's alphas,
-// the score warpgroup waits before writing the stage's next ones), so that every hand-off of the
-// alphas in shared memory is an arrive -> wait pair; a named barrier STAGE_FREE (256 threads;
-// bar.arrive by the score side, bar.sync by the copy side). A barrier of stage s is reused two
-// tiles later; in between, the score warpgroup waits for tile t + 2, which the copy warpgroup
-// issues only after its sync of tile t, so no arrival runs a phase ahead. Every mbarrier of a
-// stage completes one phase per tile in that stage: both warpgroups track the phase parity.
+// Named barriers per stage (256 threads; bar.arrive by the score side, bar.sync by the copy side):
+// P_READY, STAGE_FREE. A barrier of stage s is reused two tiles later; in between, the score
+// warpgroup waits for tile t + 2, which the copy warpgroup issues only after its syncs of tile t,
+// so no arrival runs a phase ahead; the same holds for the mbarriers and the alphas.
 #pragma once
 
 #include <cmath>
@@ -92,14 +86,10 @@ __device__ __forceinline__ auto rows_by_columns(Frag&& t) {
 }
 
 // The named barriers of stage `stage` (see the top of the file); ids from 1 (0 is __syncthreads').
-inline constexpr int kStageFree = 1;     // + stage; 256 threads
-inline constexpr int kScoresZeroed = 3;  // the score warpgroup alone (128 threads)
+enum DecodeBarrier : int { kPReady = 1, kStageFree = 3 };
+inline constexpr int kScoresZeroed = 5;  // the score warpgroup alone (128 threads)
 // Pages a 64-key tile spans at most: block_size 8 (cache_tensor_map.hpp).
 inline constexpr int kMaxPagesPerTile = 8;
-// k-blocks of a wgmma m64n64k16 (16 columns) per 128-byte column block (64 columns).
-inline constexpr int kKBlocksPerColumnBlock = kSwizzleBytes / 2 / 16;
-// Column blocks whose score MMAs are issued as one batch once they have all landed.
-inline constexpr int kBlocksPerScoreBatch = 5;
 
 // Zeroes the values (the first 512 columns) of keys [valid_keys, 64) of a stage; run by the 128
 // threads of the score warpgroup (`tid` < 128).
@@ -112,21 +102,21 @@ __device__ __forceinline__ void zero_values_past(uint8_t* stage, int valid_keys,
     *reinterpret_cast<uint4*>(stage + Cfg::operand_offset(key, chunk)) = make_uint4(0, 0, 0, 0);
   }
 }
-// Where each stage's mbarriers stand (every thread keeps its copy across segments): bit s of
-// `parity` is the parity of the phase stage s's mbarriers complete next, bit s of `used` whether
-// stage s has held a tile yet.
-struct StagePhases {
-  uint32_t parity = 0;
-  uint32_t used = 0;
-};
+__device__ __forceinline__ void barrier_arrive(DecodeBarrier b, int stage) {
+  named_barrier_arrive(b + stage, kThreads);
+}
+__device__ __forceinline__ void barrier_sync(DecodeBarrier b, int stage) {
+  named_barrier_sync(b + stage, kThreads);
+}
 
 // One segment of the CTA's work (make_work_item), as in kernel.cuh's decode_segment. `smem`: the
-// dynamic shared memory rounded up to kBaseAlignment. `phases`: the stages' mbarrier phases.
+// dynamic shared memory rounded up to kBaseAlignment. `full_phase`: bit s is the parity of the
+// next phase of stage s's mbarrier (score warpgroup; kept across segments).
 template <class Cfg>
 __device__ __forceinline__ void decode_segment_wgmma(const DecodeKernelParams& p,
                                                      const CUtensorMap& cache_map,
                                                      const WorkItem& w, uint8_t* smem,
-                                                     StagePhases& phases) {
+                                                     uint32_t& full_phase) {
   using namespace cute;
   using L = WgmmaLayouts<Cfg>;
   using T = typename L::T;
@@ -142,13 +132,7 @@ __device__ __forceinline__ void decode_segment_wgmma(const DecodeKernelParams& p
     return smem + Cfg::kStageOffset + (tile % Cfg::kStages) * kTileBytes;
   };
   auto smem_t = [](uint8_t* bytes) { return make_smem_ptr(reinterpret_cast<T*>(bytes)); };
-  // The mbarrier of column block `block` of stage `st`.
-  const uint32_t full_barriers = smem_addr(smem + Cfg::kFullBarrierOffset);
-  auto full_barrier = [&](int st, int block) {
-    return full_barriers + 8 * (st * Cfg::kColumnBlocks + block);
-  };
-  const uint32_t p_ready = smem_addr(smem + Cfg::kPReadyBarrierOffset);        // + 8 * stage
-  const uint32_t alpha_free = smem_addr(smem + Cfg::kAlphaFreeBarrierOffset);  // + 8 * stage
+  const uint32_t full_barrier = smem_addr(smem + Cfg::kFullBarrierOffset);  // + 8 * stage
 
   typename L::MmaO mma_o;
   const auto thr_o = mma_o.get_thread_slice(tid);
@@ -191,14 +175,13 @@ __device__ __forceinline__ void decode_segment_wgmma(const DecodeKernelParams& p
                                       : -1;
     }
   };
-  // Producer: announces tile `tile`'s bytes on its stage's mbarriers and issues its boxes, column
-  // block by column block (each block's boxes complete its own mbarrier), then looks up the page
-  // ids of the tile after it. Pages past cta_end are not read; a block id outside the cache sets
-  // `bad` and is not read either (the CTA's rows become NaN).
+  // Producer: announces tile `tile`'s bytes on its stage's mbarrier and issues its boxes, then
+  // looks up the page ids of the tile after it. Pages past cta_end are not read; a block id
+  // outside the cache sets `bad` and is not read either (the CTA's rows become NaN).
   auto issue_tile = [&](int tile) {
-    const int st = tile % Cfg::kStages;
+    const uint32_t mbar = full_barrier + 8 * (tile % Cfg::kStages);
     const uint32_t dst = smem_addr(stage(tile));
-    uint32_t block_bytes = 0;  // per column block
+    uint32_t bytes = 0;
     for (int i = 0; i < boxes; ++i) {
       const int pos = w.key_begin + tile * kBlockN + i * box_slots;
       const int page = next_pages[i];
@@ -208,18 +191,15 @@ __device__ __forceinline__ void decode_segment_wgmma(const DecodeKernelParams& p
         next_pages[i] = -1;
         continue;
       }
-      block_bytes += box_slots * kSwizzleBytes;
+      bytes += box_slots * kRowBytes;
     }
-    // Every box of the tile starts at the same slot of its page: with one page per tile
-    // (block_size >= 64) trivially, and with several (block_size < 64 divides 64) each box is a
-    // whole page's worth of keys further on.
-    const int slot = fast_divmod(w.key_begin + tile * kBlockN, p.block_size_div).remainder;
-#pragma unroll 1
-    for (int b = 0; b < Cfg::kColumnBlocks; ++b) {
-      const uint32_t mbar = full_barrier(st, b);
-      mbarrier_arrive_expect_tx(mbar, block_bytes);
-      for (int i = 0; i < boxes; ++i) {
-        if (next_pages[i] < 0) continue;
+    mbarrier_arrive_expect_tx(mbar, bytes);
+    for (int i = 0; i < boxes; ++i) {
+      if (next_pages[i] < 0) continue;
+      const int slot =
+          fast_divmod(w.key_begin + tile * kBlockN + i * box_slots, p.block_size_div).remainder;
+#pragma unroll
+      for (int b = 0; b < kRowBytes / kSwizzleBytes; ++b) {
         tma_load_3d(dst + b * kBlockN * kSwizzleBytes + i * box_slots * kSwizzleBytes, &cache_map,
                     mbar, b * (kSwizzleBytes / 2), slot, next_pages[i]);
       }
@@ -260,55 +240,25 @@ __device__ __forceinline__ void decode_segment_wgmma(const DecodeKernelParams& p
 
     for (int t = 0; t < w.num_tiles; ++t) {
       const int st = t % Cfg::kStages;
-      const uint32_t parity = (phases.parity >> st) & 1u;  // of this use of stage st's mbarriers
-      const bool reused = (phases.used >> st) & 1u;
-      phases.parity ^= 1u << st;
-      phases.used |= 1u << st;
+      mbarrier_wait(full_barrier + 8 * st, (full_phase >> st) & 1u);  // tile t has landed
+      full_phase ^= 1u << st;
       const int tile_start = w.key_begin + t * kBlockN;
       const int valid_keys = w.cta_end - tile_start;
       if (valid_keys < kBlockN) {
         // The tile's last keys were not copied or hold whatever the cache has past the end
         // (NaN-poisoned slots, say): zero their values, which P = 0 would still turn into NaN.
         // Their scores are masked by selection. The whole score warpgroup then sees the zeros.
-        for (int b = 0; b < Cfg::kColumnBlocks; ++b) mbarrier_wait(full_barrier(st, b), parity);
         zero_values_past<Cfg>(stage(t), valid_keys, tid);
         fence_shared_for_wgmma();
         named_barrier_sync(kScoresZeroed, kWarpgroupThreads);
       }
       const auto k_desc =
           thr_s.partition_fragment_B(make_tensor(smem_t(stage(t)), typename L::Operand{}));
-      // S = q K_t^T in batches of kBlocksPerScoreBatch column blocks, each issued as soon as
-      // its blocks have landed. A batch is one wgmma fence and one commit: a fence or commit per
-      // block drains the tensor pipe each time (measured 32-46 % slower), and waits between the
-      // MMAs of one batch make ptxas serialize every MMA.
-      warpgroup_fence_operand(acc_s);
-      mma_s.accumulate_ = GMMA::ScaleOut::Zero;
-      CUTE_UNROLL
-      for (int b = 0; b < Cfg::kColumnBlocks; ++b) {
-        if (b % kBlocksPerScoreBatch == 0) {  // a batch starts: wait for all its blocks
-          CUTE_UNROLL
-          for (int w = b; w < b + kBlocksPerScoreBatch && w < Cfg::kColumnBlocks; ++w) {
-            mbarrier_wait(full_barrier(st, w), parity);
-          }
-          warpgroup_arrive();
-        }
-        CUTE_UNROLL
-        for (int k = b * kKBlocksPerColumnBlock; k < (b + 1) * kKBlocksPerColumnBlock; ++k) {
-          cute::gemm(mma_s, q_desc(_, _, k), k_desc(_, _, k), acc_s);
-          mma_s.accumulate_ = GMMA::ScaleOut::One;
-        }
-        if (b % kBlocksPerScoreBatch == kBlocksPerScoreBatch - 1 || b == Cfg::kColumnBlocks - 1) {
-          warpgroup_commit_batch();
-        }
-      }
-      warpgroup_wait<0>();
-      warpgroup_fence_operand(acc_s);
+      warpgroup_gemm(mma_s, q_desc, k_desc, acc_s, false);
 
       // scale, mask, row max, online softmax; P over the stage's rope columns
       const auto sP = make_tensor(smem_t(stage(t) + Cfg::kPInStageOffset), typename L::P{});
       float alpha[2];
-      // The copy warpgroup has read the alphas of the stage's previous tile.
-      if (reused) mbarrier_wait(alpha_free + 8 * st, parity ^ 1u);
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         float tile_max = -INFINITY;
@@ -332,21 +282,17 @@ __device__ __forceinline__ void decode_segment_wgmma(const DecodeKernelParams& p
         }
       }
       fence_shared_for_wgmma();  // this thread's P stores become visible to wgmma
-      mbarrier_arrive(p_ready + 8 * st);
+      barrier_arrive(kPReady, st);
       accumulate_values(t, alpha);
-      named_barrier_arrive(kStageFree + st, kThreads);
+      barrier_arrive(kStageFree, st);
     }
   } else {
     for (int t = 0; t < w.num_tiles; ++t) {
       const int st = t % Cfg::kStages;
-      const uint32_t parity = (phases.parity >> st) & 1u;
-      phases.parity ^= 1u << st;
-      mbarrier_wait(p_ready + 8 * st, parity);  // P_t and alpha_t are written (tile t has landed)
+      barrier_sync(kPReady, st);  // P_t and alpha_t are written (and tile t has landed)
       const float* alpha_t = alpha_of + st * Cfg::kBlockM;
-      const float alpha[2] = {alpha_t[local_row[0]], alpha_t[local_row[1]]};
-      mbarrier_arrive(alpha_free + 8 * st);
-      accumulate_values(t, alpha);
-      named_barrier_sync(kStageFree + st, kThreads);  // the score warpgroup is done with stage st
+      accumulate_values(t, {alpha_t[local_row[0]], alpha_t[local_row[1]]});
+      barrier_sync(kStageFree, st);  // the score warpgroup is done with stage st
       if (producer && t + Cfg::kStages < w.num_tiles) issue_tile(t + Cfg::kStages);
     }
   }
@@ -391,21 +337,17 @@ __global__ void __launch_bounds__(kThreads, 1)
   allow_next_grid_launch();
   const CtaWork work = cta_work<Cfg>(p);
   if (threadIdx.x == 0) {
-    for (int i = 0; i < Cfg::kStages * Cfg::kColumnBlocks; ++i) {
-      mbarrier_init(smem_addr(smem + Cfg::kFullBarrierOffset + 8 * i), 1);  // the producer
-    }
-    for (int st = 0; st < Cfg::kStages; ++st) {  // one warpgroup's threads each
-      mbarrier_init(smem_addr(smem + Cfg::kPReadyBarrierOffset + 8 * st), kWarpgroupThreads);
-      mbarrier_init(smem_addr(smem + Cfg::kAlphaFreeBarrierOffset + 8 * st), kWarpgroupThreads);
+    for (int st = 0; st < Cfg::kStages; ++st) {
+      mbarrier_init(smem_addr(smem + Cfg::kFullBarrierOffset + 8 * st), 1);  // the producer
     }
   }
   fence_mbarrier_init();  // the initialized mbarriers become visible to the TMA unit
   __syncthreads();
-  StagePhases phases;
+  uint32_t full_phase = 0;
   for (int segment = work.segment_begin; segment < work.segment_end; ++segment) {
     if (segment > work.segment_begin) __syncthreads();  // the last one is done with shared memory
     decode_segment_wgmma<Cfg>(p, cache_map, make_work_item<Cfg>(p, work.row0, segment), smem,
-                              phases);
+                              full_phase);
   }
 }
 

@@ -56,19 +56,12 @@ struct WgmmaConfig {
   static constexpr int kAlphaOffset = kQOffset + kQBytes;
   static constexpr int kRowSumOffset = kAlphaOffset + kStages * kRowStatBytes;  // f32 [64]
   static constexpr int kRowMaxOffset = kRowSumOffset + kRowStatBytes;           // f32 [64]
-  // One mbarrier per (stage, 128-byte column block), 8 bytes each, [kStages][kColumnBlocks]: its
-  // phase completes when that column block of the stage's tile has landed, so the scores' MMAs
-  // of a block start while the tile's later blocks are still on their way.
-  static constexpr int kColumnBlocks = kRowBytes / kSwizzleBytes;  // 9: 8 of values, 1 of rope
+  // One mbarrier per stage (8 bytes each): its phase completes when the stage's tile has landed.
   static constexpr int kFullBarrierOffset = kRowMaxOffset + kRowStatBytes;
   // The kernel rounds the dynamic shared-memory base up to the 1024-byte swizzle alignment (the
   // hardware swizzles by absolute address bits), which may skip up to this much.
   static constexpr int kBaseAlignment = 1024;
-  // Per stage, the alpha hand-off's mbarriers (8 bytes each, [kStages]): P_READY (P and the
-  // alphas are written) and ALPHA_FREE (the copy warpgroup has read the alphas).
-  static constexpr int kPReadyBarrierOffset = kFullBarrierOffset + kStages * kColumnBlocks * 8;
-  static constexpr int kAlphaFreeBarrierOffset = kPReadyBarrierOffset + kStages * 8;
-  static constexpr int kSmemBytes = kAlphaFreeBarrierOffset + kStages * 8 + kBaseAlignment;
+  static constexpr int kSmemBytes = kFullBarrierOffset + kStages * 8 + kBaseAlignment;
 
   // Byte offset of 16-byte chunk `chunk` of row `row` in the q tile or a K tile (both 64 rows).
   __host__ __device__ static constexpr uint32_t operand_offset(int row, int chunk) {
