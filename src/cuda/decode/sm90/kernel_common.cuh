@@ -440,6 +440,12 @@ struct RowSink {
   float inv;  // value_scale / row sum (0 for a row without keys, NaN for a bad CTA)
 };
 
+// Whether a finished row with row sum `l` has values to write: a row without keys (l = 0) of a
+// partial is not written (its LSE is -inf, which the combine skips without reading the values).
+__device__ __forceinline__ bool row_has_values(float l, bool bad) {
+  return bad || l > 0.0f || isnan(l);
+}
+
 // Finishes row `row` (< p.rows) of the CTA from its row sum `l` and max `m` (log2 units): writes
 // its LSE when `write_lse` (one thread per row), returns where its values go.
 __device__ __forceinline__ RowSink finish_row(const DecodeKernelParams& p, const WorkItem& w,
@@ -447,7 +453,7 @@ __device__ __forceinline__ RowSink finish_row(const DecodeKernelParams& p, const
   float inv, lse;
   if (bad) {
     inv = lse = NAN;
-  } else if (l > 0.0f || isnan(l)) {  // a NaN cache value makes l NaN: out and lse NaN
+  } else if (row_has_values(l, bad)) {  // a NaN cache value makes l NaN: out and lse NaN
     inv = p.value_scale / l;
     lse = (m + __log2f(l)) * kLn2;
   } else {

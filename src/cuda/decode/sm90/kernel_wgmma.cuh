@@ -309,6 +309,12 @@ __device__ __forceinline__ void decode_segment_wgmma(const DecodeKernelParams& p
     }
   }
   bad = cta_saw_bad_index(p, bad);  // also publishes row_sum and row_max
+  // A partial's rows (f32, 2 KiB each, contiguous in the workspace) are staged in shared memory
+  // over the idle stages and written by one bulk copy per row: per-thread 8-byte stores of all
+  // CTAs at once throttled the load/store unit (ncu, B4 s_kv 32768). Rows of the request's only
+  // segment go straight to `out` (any dtype and strides).
+  const bool staged = w.slot >= 0;
+  uint8_t* const staged_rows = smem + Cfg::kStageOffset;  // [64][kStagedRowBytes]
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     const int row = w.row0 + local_row[h];
@@ -316,6 +322,16 @@ __device__ __forceinline__ void decode_segment_wgmma(const DecodeKernelParams& p
     const RowSink sink = finish_row(p, w, row, row_sum[local_row[h]], row_max[local_row[h]], bad,
                                     scorer && quad_leader);
     if (sink.base == nullptr) continue;
+    if (staged) {
+      float* const dst =
+          reinterpret_cast<float*>(staged_rows + local_row[h] * Cfg::kStagedRowBytes);
+      CUTE_UNROLL
+      for (int j = 0; j < size<1>(o); j += 2) {
+        *reinterpret_cast<float2*>(dst + get<1>(o_coord(h, j))) =
+            make_float2(o(h, j) * sink.inv, o(h, j + 1) * sink.inv);
+      }
+      continue;
+    }
     with_pair_store(sink.dtype, [&](auto store) {
       CUTE_UNROLL
       for (int j = 0; j < size<1>(o); j += 2) {
@@ -323,6 +339,17 @@ __device__ __forceinline__ void decode_segment_wgmma(const DecodeKernelParams& p
               o(h, j + 1) * sink.inv);
       }
     });
+  }
+  if (staged) {
+    fence_shared_for_wgmma();  // the staged rows become visible to the bulk copies
+    __syncthreads();
+    const int row = w.row0 + tid;
+    if (tid < Cfg::kBlockM && row < p.rows && row_has_values(row_sum[tid], bad)) {
+      bulk_store(p.partial_out + (static_cast<int64_t>(w.slot) * p.rows + row) * kDimV,
+                 smem_addr(staged_rows + tid * Cfg::kStagedRowBytes), kDimV * 4);
+      bulk_commit();
+      bulk_wait_read();  // the stages are free again for the next segment's tiles
+    }
   }
 }
 
@@ -349,6 +376,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     decode_segment_wgmma<Cfg>(p, cache_map, make_work_item<Cfg>(p, work.row0, segment), smem,
                               full_phase);
   }
+  bulk_wait();  // this thread's bulk stores of partial rows, if any, have completed
 }
 
 }  // namespace mlakit::cuda::decode_sm90

@@ -58,6 +58,10 @@ struct WgmmaConfig {
   static constexpr int kRowMaxOffset = kRowSumOffset + kRowStatBytes;           // f32 [64]
   // One mbarrier per stage (8 bytes each): its phase completes when the stage's tile has landed.
   static constexpr int kFullBarrierOffset = kRowMaxOffset + kRowStatBytes;
+  // A segment's f32 partial rows are staged over the (then idle) stages before their bulk stores:
+  // [64][kStagedRowBytes], each row padded by 32 bytes so that the 8 rows a warp's stores cover
+  // at once fall in distinct banks (two wavefronts per 256-byte store, the minimum).
+  static constexpr int kStagedRowBytes = kDimV * 4 + 32;
   // The kernel rounds the dynamic shared-memory base up to the 1024-byte swizzle alignment (the
   // hardware swizzles by absolute address bits), which may skip up to this much.
   static constexpr int kBaseAlignment = 1024;
@@ -79,6 +83,8 @@ struct WgmmaConfig {
                     kPInStageOffset % kBaseAlignment == 0,
                 "SW128 operand tiles start on 1024-byte boundaries");
   static_assert(kSmemBytes <= kSmemLimit, "shared-memory plan exceeds 227 KiB");
+  static_assert(kBlockM * kStagedRowBytes <= kStages * kTileBytes && kStagedRowBytes % 16 == 0,
+                "the staged partial rows fit the stages, rows 16-byte aligned for bulk stores");
 };
 
 }  // namespace mlakit::cuda::decode_sm90
