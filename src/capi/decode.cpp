@@ -28,6 +28,44 @@ mlakit::ops::DecodeParams decode_params(const char* op, int64_t kv_lora_rank, fl
   return params;
 }
 
+// decode_params with q_scale / k_scale given as tensors (NULL: the float default, 1).
+mlakit::ops::DecodeParams decode_params(const char* op, int64_t kv_lora_rank, float scale,
+                                        int32_t kv_cache_dtype, const DLTensor* q_scale,
+                                        const DLTensor* k_scale) {
+  mlakit::ops::DecodeParams params =
+      decode_params(op, kv_lora_rank, scale, kv_cache_dtype, 1.0f, 1.0f);
+  params.q_scale_tensor = mlakit::capi::to_optional_view(op, "q_scale", q_scale);
+  params.k_scale_tensor = mlakit::capi::to_optional_view(op, "k_scale", k_scale);
+  return params;
+}
+
+// The argument views of a decode call.
+struct DecodeViews {
+  mlakit::TensorView q, kv_cache, block_table, seq_lens, out, lse;
+};
+DecodeViews decode_views(const char* op, const DLTensor* q, const DLTensor* kv_cache,
+                         const DLTensor* block_table, const DLTensor* seq_lens, const DLTensor* out,
+                         const DLTensor* lse) {
+  const auto [q_view, kv_cache_view, block_table_view, seq_lens_view, out_view, lse_view] =
+      to_views(op, {{"q", q},
+                    {"kv_cache", kv_cache},
+                    {"block_table", block_table},
+                    {"seq_lens", seq_lens},
+                    {"out", out},
+                    {"lse", lse}});
+  return {q_view, kv_cache_view, block_table_view, seq_lens_view, out_view, lse_view};
+}
+
+// The scheduled decode behind both C entries.
+void decode_scheduled(const char* op, const DecodeViews& v, const mlakit::ops::DecodeParams& params,
+                      const mlakit_decode_schedule_t* schedule, const DLTensor* split_workspace,
+                      void* stream) {
+  require_pointer(op, "schedule", schedule);
+  const auto [split_workspace_view] = to_views(op, {{"split_workspace", split_workspace}});
+  mlakit::ops::mla_decode(v.q, v.kv_cache, v.block_table, v.seq_lens, v.out, v.lse, params,
+                          schedule->schedule, split_workspace_view, mlakit::Stream{stream});
+}
+
 }  // namespace
 
 extern "C" {
@@ -39,15 +77,22 @@ MLAKIT_API mlakit_status_t mlakit_mla_decode(const DLTensor* q, const DLTensor* 
                                              int32_t kv_cache_dtype, float q_scale, float k_scale) {
   constexpr const char* kOp = "mla_decode";
   return guarded(kOp, [&] {
-    const auto [q_view, kv_cache_view, block_table_view, seq_lens_view, out_view, lse_view] =
-        to_views(kOp, {{"q", q},
-                       {"kv_cache", kv_cache},
-                       {"block_table", block_table},
-                       {"seq_lens", seq_lens},
-                       {"out", out},
-                       {"lse", lse}});
+    const DecodeViews v = decode_views(kOp, q, kv_cache, block_table, seq_lens, out, lse);
     mlakit::ops::mla_decode(
-        q_view, kv_cache_view, block_table_view, seq_lens_view, out_view, lse_view,
+        v.q, v.kv_cache, v.block_table, v.seq_lens, v.out, v.lse,
+        decode_params(kOp, kv_lora_rank, scale, kv_cache_dtype, q_scale, k_scale));
+  });
+}
+
+MLAKIT_API mlakit_status_t mlakit_mla_decode_tensor_scale(
+    const DLTensor* q, const DLTensor* kv_cache, const DLTensor* block_table,
+    const DLTensor* seq_lens, const DLTensor* out, const DLTensor* lse, int64_t kv_lora_rank,
+    float scale, int32_t kv_cache_dtype, const DLTensor* q_scale, const DLTensor* k_scale) {
+  constexpr const char* kOp = "mla_decode";
+  return guarded(kOp, [&] {
+    const DecodeViews v = decode_views(kOp, q, kv_cache, block_table, seq_lens, out, lse);
+    mlakit::ops::mla_decode(
+        v.q, v.kv_cache, v.block_table, v.seq_lens, v.out, v.lse,
         decode_params(kOp, kv_lora_rank, scale, kv_cache_dtype, q_scale, k_scale));
   });
 }
@@ -130,19 +175,22 @@ MLAKIT_API mlakit_status_t mlakit_mla_decode_scheduled(
     const mlakit_decode_schedule_t* schedule, const DLTensor* split_workspace, void* stream) {
   constexpr const char* kOp = "mla_decode";
   return guarded(kOp, [&] {
-    require_pointer(kOp, "schedule", schedule);
-    const auto [q_view, kv_cache_view, block_table_view, seq_lens_view, out_view, lse_view,
-                split_workspace_view] = to_views(kOp, {{"q", q},
-                                                       {"kv_cache", kv_cache},
-                                                       {"block_table", block_table},
-                                                       {"seq_lens", seq_lens},
-                                                       {"out", out},
-                                                       {"lse", lse},
-                                                       {"split_workspace", split_workspace}});
-    mlakit::ops::mla_decode(
-        q_view, kv_cache_view, block_table_view, seq_lens_view, out_view, lse_view,
-        decode_params(kOp, kv_lora_rank, scale, kv_cache_dtype, q_scale, k_scale),
-        schedule->schedule, split_workspace_view, mlakit::Stream{stream});
+    decode_scheduled(kOp, decode_views(kOp, q, kv_cache, block_table, seq_lens, out, lse),
+                     decode_params(kOp, kv_lora_rank, scale, kv_cache_dtype, q_scale, k_scale),
+                     schedule, split_workspace, stream);
+  });
+}
+
+MLAKIT_API mlakit_status_t mlakit_mla_decode_scheduled_tensor_scale(
+    const DLTensor* q, const DLTensor* kv_cache, const DLTensor* block_table,
+    const DLTensor* seq_lens, const DLTensor* out, const DLTensor* lse, int64_t kv_lora_rank,
+    float scale, int32_t kv_cache_dtype, const DLTensor* q_scale, const DLTensor* k_scale,
+    const mlakit_decode_schedule_t* schedule, const DLTensor* split_workspace, void* stream) {
+  constexpr const char* kOp = "mla_decode";
+  return guarded(kOp, [&] {
+    decode_scheduled(kOp, decode_views(kOp, q, kv_cache, block_table, seq_lens, out, lse),
+                     decode_params(kOp, kv_lora_rank, scale, kv_cache_dtype, q_scale, k_scale),
+                     schedule, split_workspace, stream);
   });
 }
 
