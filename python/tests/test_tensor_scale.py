@@ -170,7 +170,8 @@ def test_decode_scale_array_errors_name_the_scale(rng):
     out = np.zeros((2, 1, 2, rank), np.float32)
     lse = np.zeros((2, 1, 2), np.float32)
     args = (q.view(ml_dtypes.float8_e4m3fn), cache, table, seq_lens, out, lse, 0.3, "fp8")
-    with pytest.raises(mlakit.MlakitError, match=r"mla_decode: k_scale\[1\] must be finite and > 0"):
+    with pytest.raises(mlakit.MlakitError,
+                       match=r"mla_decode: k_scale\[1\] must be finite and > 0"):
         mlakit.mla_decode(*args, 1.0, np.array([1.0, np.inf], np.float32), kv_lora_rank=rank)
     with pytest.raises(mlakit.MlakitError, match="mla_decode: q_scale must be finite and > 0"):
         mlakit.mla_decode(*args, scale_array(0.0), 1.0, kv_lora_rank=rank)
