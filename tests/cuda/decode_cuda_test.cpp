@@ -10,6 +10,7 @@
 #include <cfloat>
 #include <cmath>
 #include <cstring>
+#include <functional>
 #include <limits>
 #include <numeric>
 #include <optional>
@@ -456,6 +457,19 @@ TEST(MlaDecodeCuda, BadDeviceIndicesGiveNanRows) {
   }
 }
 
+// After a graph replay wrote replay_out / replay_lse: an eager run (`run_eager`, on `stream`) of
+// the same decode on the same inputs gives the same bits into out / lse, and no bad index is
+// reported.
+void expect_eager_equals_replay(const std::function<void()>& run_eager, cudaStream_t stream,
+                                const Tensor& out, const Tensor& lse, const Tensor& replay_out,
+                                const Tensor& replay_lse) {
+  run_eager();
+  cuda_ok(cudaStreamSynchronize(stream), "eager sync");
+  EXPECT_TRUE(test::all_close(to_host(out).view(), test::to_doubles(replay_out.view()), {0, 0}));
+  EXPECT_TRUE(test::all_close(to_host(lse).view(), test::to_doubles(replay_lse.view()), {0, 0}));
+  EXPECT_NO_THROW(ops::check_device_errors(Device::cuda(0), Stream{stream}));
+}
+
 // One captured graph, replayed after the device seq_lens and block table change: the schedule
 // depends on shapes only and the plan kernel recomputes the work plan on every replay, so every
 // replay must match a fresh reference and an eager run bit for bit.
@@ -538,11 +552,7 @@ void check_graph_replay(int64_t heads, int64_t s_q, bool invariant, uint64_t see
     EXPECT_TRUE(test::all_close(replay_out.view(), want.out, out_tolerance(c))) << "out";
     EXPECT_TRUE(test::all_close(replay_lse.view(), want.lse, kLseTolerance)) << "lse";
 
-    decode(stream);  // eager, same inputs
-    cuda_ok(cudaStreamSynchronize(stream), "eager sync");
-    EXPECT_TRUE(test::all_close(to_host(out).view(), test::to_doubles(replay_out.view()), {0, 0}));
-    EXPECT_TRUE(test::all_close(to_host(lse).view(), test::to_doubles(replay_lse.view()), {0, 0}));
-    EXPECT_NO_THROW(ops::check_device_errors(Device::cuda(0), Stream{stream}));
+    expect_eager_equals_replay([&] { decode(stream); }, stream, out, lse, replay_out, replay_lse);
   }
   cudaGraphExecDestroy(exec);
   cudaGraphDestroy(graph);
@@ -750,11 +760,7 @@ TEST(MlaDecodeCuda, GraphReplayFollowsNewScaleValuesAndLengths) {
     const Expected want = reference(now, q, keys);
     EXPECT_TRUE(test::all_close(replay_out.view(), want.out, out_tolerance(now))) << "out";
     EXPECT_TRUE(test::all_close(replay_lse.view(), want.lse, kLseTolerance)) << "lse";
-    decode();  // eager, same inputs
-    cuda_ok(cudaStreamSynchronize(stream), "eager sync");
-    EXPECT_TRUE(test::all_close(to_host(out).view(), test::to_doubles(replay_out.view()), {0, 0}));
-    EXPECT_TRUE(test::all_close(to_host(lse).view(), test::to_doubles(replay_lse.view()), {0, 0}));
-    EXPECT_NO_THROW(ops::check_device_errors(Device::cuda(0), Stream{stream}));
+    expect_eager_equals_replay(decode, stream, out, lse, replay_out, replay_lse);
   }
   cudaGraphExecDestroy(exec);
   cudaGraphDestroy(graph);

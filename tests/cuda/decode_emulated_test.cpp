@@ -23,6 +23,7 @@
 #include <deque>
 #include <functional>
 #include <limits>
+#include <utility>
 #include <vector>
 
 using std::isnan;
@@ -1067,15 +1068,21 @@ TEST(MlaDecodeEmulated, SeqLenShorterThanTheQueriesGivesNanRows) {
 // above check against the oracle), for raw e4m3 tiles and the converting path, 16- and 64-row
 // CTAs, split and whole requests. A value that is not finite and > 0 makes its request's rows NaN
 // and sets kDecodeBadScale; the other requests keep their bits.
+// An fp8 q over an fp8_e4m3 cache (raw e4m3 tiles), f32 out.
+Case fp8_case(std::vector<int32_t> seq_lens, int64_t block_size) {
+  Case c;
+  c.kv_dtype = KvCacheDType::kFp8E4m3;
+  c.q_dtype = DType::kFp8E4m3;
+  c.seq_lens = std::move(seq_lens);
+  c.block_size = block_size;
+  c.out_dtype = DType::kF32;
+  return c;
+}
+
 TEST(MlaDecodeEmulated, PerRequestScaleTensorsEqualTheHostScalesBitwise) {
   const float q_scales[] = {0.5f, 2.0f, 0.25f};
   const float k_scales[] = {1.5f, 0.75f, 3.0f};
-  Case fp8;
-  fp8.kv_dtype = KvCacheDType::kFp8E4m3;
-  fp8.q_dtype = DType::kFp8E4m3;
-  fp8.seq_lens = {130, 0, 70};
-  fp8.block_size = 32;
-  fp8.out_dtype = DType::kF32;
+  const Case fp8 = fp8_case({130, 0, 70}, 32);
   Case rows64 = fp8;
   rows64.heads = 64;
   Case bf16_q = fp8;  // q_scale does not apply: read, checked, not multiplied
@@ -1119,12 +1126,7 @@ TEST(MlaDecodeEmulated, PerRequestScaleTensorsEqualTheHostScalesBitwise) {
 }
 
 TEST(MlaDecodeEmulated, BadScaleTensorValueGivesNanRowsOfItsRequest) {
-  Case c;
-  c.kv_dtype = KvCacheDType::kFp8E4m3;
-  c.q_dtype = DType::kFp8E4m3;
-  c.seq_lens = {90, 40, 33};
-  c.block_size = 16;
-  c.out_dtype = DType::kF32;
+  const Case c = fp8_case({90, 40, 33}, 16);
   auto rng = test::make_rng(820);
   const HostInputs in = make_inputs(c, rng);
   const Expected ref = reference(c, in.q_kernel, in.k_kernel);
