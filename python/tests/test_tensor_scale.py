@@ -161,6 +161,15 @@ def test_decode_one_element_scale_arrays_equal_floats(rng):
                           kv_lora_rank=rank)
     for i in (1, 2):
         assert np.array_equal(outs[0], outs[i]) and np.array_equal(lses[0], lses[i])
+    # k_scale 1 beside a tensor q_scale goes to the library as NULL (its default, 1)
+    results = []
+    for qs in (0.375, scale_array(0.375)):
+        out, lse = np.full_like(outs[0], np.nan), np.full_like(lses[0], np.nan)
+        mlakit.mla_decode(q8, cache, table, seq_lens, out, lse, 0.3, "fp8", qs, 1.0,
+                          kv_lora_rank=rank)
+        results.append((out, lse))
+    assert np.array_equal(results[0][0], results[1][0])
+    assert np.array_equal(results[0][1], results[1][1])
 
 
 def test_decode_scale_array_errors_name_the_scale(rng):
