@@ -267,6 +267,26 @@ MLAKIT_API mlakit_status_t mlakit_mla_decode_scheduled(
     const DLTensor* seq_lens, const DLTensor* out, const DLTensor* lse, int64_t kv_lora_rank,
     float scale, int32_t kv_cache_dtype /* mlakit_kv_cache_dtype_t */, float q_scale, float k_scale,
     const mlakit_decode_schedule_t* schedule, const DLTensor* split_workspace, void* stream);
+/* The two decode entries above with q_scale and k_scale given as tensors, as vLLM and FlashMLA pass
+ * their descales: each a float32 DLTensor of one element (any shape) or of shape [B] (request b's
+ * value at [b], any stride) on the device of q, not overlapping out, lse or split_workspace; NULL
+ * takes 1 (the float argument's default). A value applies where the float would (q_scale to an
+ * fp8 q, k_scale to an fp8_e4m3 cache) and is checked everywhere. CPU: read at once and checked as
+ * the floats are (a bad one returns MLAKIT_ERROR_INVALID_ARGUMENT naming "q_scale" or
+ * "q_scale[b]"). CUDA: read by the kernel when it runs (the scheduled form is capturable in a CUDA
+ * graph whose replays use the values the tensors then hold); a value that is not finite and > 0
+ * makes the rows of its requests NaN and is reported by mlakit_check_device_errors. */
+MLAKIT_API mlakit_status_t mlakit_mla_decode_tensor_scale(
+    const DLTensor* q, const DLTensor* kv_cache, const DLTensor* block_table,
+    const DLTensor* seq_lens, const DLTensor* out, const DLTensor* lse, int64_t kv_lora_rank,
+    float scale, int32_t kv_cache_dtype /* mlakit_kv_cache_dtype_t */, const DLTensor* q_scale,
+    const DLTensor* k_scale);
+MLAKIT_API mlakit_status_t mlakit_mla_decode_scheduled_tensor_scale(
+    const DLTensor* q, const DLTensor* kv_cache, const DLTensor* block_table,
+    const DLTensor* seq_lens, const DLTensor* out, const DLTensor* lse, int64_t kv_lora_rank,
+    float scale, int32_t kv_cache_dtype /* mlakit_kv_cache_dtype_t */, const DLTensor* q_scale,
+    const DLTensor* k_scale, const mlakit_decode_schedule_t* schedule,
+    const DLTensor* split_workspace, void* stream);
 
 /* Varlen MHA prefill with d_qk = P + R, d_v = V; request b has queries [cu_seqlens_q[b],
  * cu_seqlens_q[b+1]) and keys [cu_seqlens_k[b], cu_seqlens_k[b+1]); causal is bottom-right.

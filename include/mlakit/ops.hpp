@@ -145,6 +145,16 @@ struct DecodeParams {
   // L, the latent width: out.shape[3] must equal it, and V = entry[0:L]. 0 takes L from
   // out.shape[3] unchecked (kept for callers that predate the argument; pass L).
   int64_t kv_lora_rank = 0;
+  // q_scale and k_scale as tensors ("Scales as tensors" above, with one difference: f32 of one
+  // element (any shape) or a one-dimensional [B] tensor of one value per request, any stride), as
+  // vLLM and FlashMLA pass descale_q / descale_k; set, they replace the float of the same name.
+  // Not overlapping out, lse or split_workspace. CPU: every value is read at once and checked as
+  // the float is (finite and > 0, even where it does not apply; "q_scale[b]" names a bad one).
+  // CUDA: the kernel reads them when it runs (capturable; replays use the values then held); a
+  // value that is not finite and > 0 makes the rows of the requests it belongs to NaN and is
+  // recorded for check_device_errors.
+  std::optional<TensorView> q_scale_tensor = std::nullopt;  // f32 [1] or [B], on q's device
+  std::optional<TensorView> k_scale_tensor = std::nullopt;  // f32 [1] or [B], on q's device
 };
 // Query j of request b (s_q queries) attends keys [0, seq_lens[b] - s_q + j] (bottom-right
 // causal); K = entry[0:L+R], V = entry[0:L]. seq_lens count the new tokens too, so every seq_len

@@ -7,7 +7,8 @@ CUDA graphs: the real implementation only hands data pointers and torch's curren
 library, with no host synchronisation and no allocation. Scales are Python floats, or, in the
 *_tensor_scale ops and dynamic_scaled_fp8_quant, one-element float32 tensors on the data's device
 that the kernels read where they run (so a captured graph follows the value written into them;
-mla_decode and the attention ops still take floats).
+mla_decode_tensor_scale's q_scale / k_scale may also hold one value per request; the attention
+ops still take floats).
 
 The annotations below are real types (no `from __future__ import annotations`): torch infers
 the op schemas from them. Defaults are only int, float, bool or None (what torch 2.4's schema
@@ -198,6 +199,32 @@ def mla_decode(
 @mla_decode.register_fake
 def _(q, kv_cache, block_table, seq_lens, out, lse, kv_lora_rank, scale, kv_cache_dtype,
       q_scale=1.0, k_scale=1.0):
+    return None
+
+
+@torch.library.custom_op(f"{_NS}::mla_decode_tensor_scale", mutates_args=("out", "lse"))
+def mla_decode_tensor_scale(
+    q: torch.Tensor,
+    kv_cache: torch.Tensor,
+    block_table: torch.Tensor,
+    seq_lens: torch.Tensor,
+    out: torch.Tensor,
+    lse: torch.Tensor,
+    kv_lora_rank: int,
+    scale: float,
+    kv_cache_dtype: str,
+    q_scale: torch.Tensor,
+    k_scale: torch.Tensor,
+) -> None:
+    # mla_decode with q_scale / k_scale as float32 tensors of 1 or B values on q's device, read
+    # where the op runs (on CUDA by the kernel: no host read).
+    _ops.mla_decode(q, kv_cache, block_table, seq_lens, out, lse, scale, kv_cache_dtype, q_scale,
+                    k_scale, kv_lora_rank=kv_lora_rank)
+
+
+@mla_decode_tensor_scale.register_fake
+def _(q, kv_cache, block_table, seq_lens, out, lse, kv_lora_rank, scale, kv_cache_dtype, q_scale,
+      k_scale):
     return None
 
 

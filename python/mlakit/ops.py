@@ -311,6 +311,13 @@ def mla_decode(q, kv_cache, block_table, seq_lens, out, lse, scale, kv_cache_dty
     or at least s_q (they count the new tokens too); out: [B, s_q, N, L] (written); lse: float32
     [B, s_q, N] (written); kv_lora_rank: L, keyword only (out's last dimension must equal it).
 
+    q_scale (applies to an fp8 q) and k_scale (to an fp8_e4m3 cache): numbers, or float32
+    arrays/tensors on q's device of one element or of shape [B] (one per request), read where the
+    op runs (mlakit.h mlakit_mla_decode_tensor_scale): on the host they are checked at once like
+    numbers; on CUDA the kernel reads them (no host read: with a schedule the call is capturable
+    in a CUDA graph whose replays use the values they then hold), and a value that is not finite
+    and > 0 gives NaN rows for its requests and is reported by check_device_errors.
+
     Without `schedule` the library plans the splits (plan_mla_decode's choice) and allocates the
     workspace (for torch CUDA tensors through torch, on the tensors' device; the call then runs on
     torch's current stream like every other op, but allocates, so keep it out of CUDA graphs).
@@ -321,15 +328,22 @@ def mla_decode(q, kv_cache, block_table, seq_lens, out, lse, scale, kv_cache_dty
             describe(seq_lens, "seq_lens"), describe(out, "out", writable=True),
             describe(lse, "lse", writable=True)]
     refs = [a.ref for a in args]
+    scales = _decode_scale_tensors(q, q_scale, k_scale)
+    entry = "mlakit_mla_decode" if scales is None else "mlakit_mla_decode_tensor_scale"
+    if scales is None:
+        scales = (to_float(q_scale, "q_scale"), to_float(k_scale, "k_scale"))
+    else:
+        args += [d for d in scales if d is not None]
+        scales = tuple(_ref(d) for d in scales)
     scalars = (int(kv_lora_rank), to_float(scale, "scale"), kv_cache_dtype_code(kv_cache_dtype),
-               to_float(q_scale, "q_scale"), to_float(k_scale, "k_scale"))
+               *scales)
     if schedule is None:
         if split_workspace is not None:
             raise ValueError(
                 "mlakit: mla_decode: split_workspace is used only together with schedule"
             )
         if not _plannable_on_cuda(args, q, kv_cache, block_table, out):
-            call("mlakit_mla_decode", *refs, *scalars)
+            call(entry, *refs, *scalars)
             return
         import torch
 
@@ -346,8 +360,30 @@ def mla_decode(q, kv_cache, block_table, seq_lens, out, lse, scale, kv_cache_dty
             "(float32, schedule.workspace_elems(s_q, num_heads, kv_lora_rank) elements)"
         )
     ws = describe(split_workspace, "split_workspace", writable=True)
-    call("mlakit_mla_decode_scheduled", *refs, *scalars, schedule._handle, ws.ref,
-         stream_of(*args, ws))
+    entry = entry.replace("mlakit_mla_decode", "mlakit_mla_decode_scheduled", 1)
+    call(entry, *refs, *scalars, schedule._handle, ws.ref, stream_of(*args, ws))
+
+
+def _decode_scale_tensors(q, q_scale, k_scale):
+    """mla_decode's (q_scale, k_scale) as descriptions for the tensor entries (None: 1), or None
+    when neither is a scale the op reads where it runs (tensor_scale). A number beside a tensor
+    becomes a one-element float32 array/tensor on q's device."""
+    described = [tensor_scale(q_scale, "q_scale"), tensor_scale(k_scale, "k_scale")]
+    if described == [None, None]:
+        return None
+    for i, (value, name) in enumerate(((q_scale, "q_scale"), (k_scale, "k_scale"))):
+        if described[i] is None and to_float(value, name) != 1.0:
+            described[i] = describe(_scale_like(q, to_float(value, name)), name)
+    return tuple(described)
+
+
+def _scale_like(q, value):
+    """A one-element float32 array (host q) or tensor (torch q, on q's device) holding value."""
+    if is_torch_tensor(q):
+        import torch
+
+        return torch.full((1,), value, dtype=torch.float32, device=q.device)
+    return np.full((1,), value, dtype=np.float32)
 
 
 def _plannable_on_cuda(args, q, kv_cache, block_table, out):

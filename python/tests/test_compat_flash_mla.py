@@ -5,8 +5,8 @@ attention written in this file; inputs are fresh random values from the seeded `
 read outside the contract shows.
 
 GPU: the tests parametrized with DEVICES also run on torch CUDA tensors when torch sees a GPU
-(and mlakit was built with CUDA); everything else is CPU only. Not tested anywhere: descales
-read on the device, CUDA-graph capture, torch.compile.
+(and mlakit was built with CUDA); everything else is CPU only. Descales read on the device and
+CUDA-graph capture: test_compat_flash_mla_cuda.py. Not tested anywhere: torch.compile.
 """
 
 import numpy as np
@@ -198,17 +198,20 @@ def fp8_codes(rng, shape, spread):
     return values.to(FP8)
 
 
+@pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("per_request", [False, True])
-def test_fp8_q_and_cache_are_dequantized_with_the_descales(rng, per_request):
-    seq_lens, s_q = [90, 0, 200], 2
+def test_fp8_q_and_cache_are_dequantized_with_the_descales(rng, per_request, causal):
+    # request 2 has fewer keys than queries: decoded query by query (its descales follow it)
+    seq_lens, s_q = [90, 0, 1, 200], 2
+    batch = len(seq_lens)
     block_table, num_blocks = paged_layout(rng, seq_lens, 4)
     cache = fp8_codes(rng, (num_blocks, PAGE, 1, D), 16.0)
     unused = torch.from_numpy(unused_slots(num_blocks, block_table, seq_lens))
     cache.view(torch.uint8)[:, :, 0][unused] = 0x7F  # e4m3 NaN
     q = fp8_codes(rng, (len(seq_lens), s_q, H_Q, D), 16.0)
     if per_request:  # FlashMLA documents descales of one value per request
-        descale_q = torch.from_numpy(rng.uniform(0.02, 0.1, 3)).float()
-        descale_k = torch.from_numpy(rng.uniform(0.02, 0.1, 3)).float()
+        descale_q = torch.from_numpy(rng.uniform(0.02, 0.1, batch)).float()
+        descale_k = torch.from_numpy(rng.uniform(0.02, 0.1, batch)).float()
     else:
         descale_q = torch.tensor([rng.uniform(0.02, 0.1)], dtype=torch.float32)
         descale_k = torch.tensor([rng.uniform(0.02, 0.1)], dtype=torch.float32)
@@ -216,17 +219,17 @@ def test_fp8_q_and_cache_are_dequantized_with_the_descales(rng, per_request):
     metadata = flash_mla.get_mla_metadata(lens, s_q * H_Q, 1)
 
     out, lse = flash_mla.flash_mla_with_kvcache(q, cache, table, lens, DV, *metadata,
-                                                causal=True, descale_q=descale_q,
+                                                causal=causal, descale_q=descale_q,
                                                 descale_k=descale_k)
 
     q_codes = q.view(torch.uint8).numpy()
     k_codes = cache[:, :, 0].view(torch.uint8).numpy()
-    dq = np.broadcast_to(f64(descale_q), (3,))
-    dk = np.broadcast_to(f64(descale_k), (3,))
-    for b in range(3):  # each request with its own descales
+    dq = np.broadcast_to(f64(descale_q), (batch,))
+    dk = np.broadcast_to(f64(descale_k), (batch,))
+    for b in range(batch):  # each request with its own descales
         ref, ref_lse = reference_decode(E4M3[q_codes[b:b + 1]] * dq[b], E4M3[k_codes] * dk[b],
                                         block_table[b:b + 1], seq_lens[b:b + 1], DV, D ** -0.5,
-                                        True)
+                                        causal)
         check_against_reference(out[b:b + 1], lse[b:b + 1], ref, ref_lse, torch.bfloat16)
 
 

@@ -169,20 +169,21 @@ def test_cp_gather_and_upconvert_dequantizes_ds_mla_entries_to_bf16(rng, device,
     else:  # any rows: request 2 before request 0, a gap between them
         starts = np.array([14, 30, 1], dtype=np.int32)
     rows = 24
-    dst = nan_tensor((rows, DS_NOPE + DS_ROPE), torch.bfloat16, device)
+    # Rows no request covers hold -3.5 and must keep it (neither NaN nor any entry may land there).
+    dst = torch.full((rows, DS_NOPE + DS_ROPE), -3.5, dtype=torch.bfloat16, device=device)
 
     vllm.cp_gather_and_upconvert_fp8_kv_cache(
         cache.to(device), dst, torch.from_numpy(block_table).to(device),
         torch.from_numpy(lens).to(device), torch.from_numpy(starts).to(device), 3)
 
-    expected = bits(nan_tensor((rows, DS_NOPE + DS_ROPE), torch.bfloat16, "cpu"))
+    expected = bits(torch.full((rows, DS_NOPE + DS_ROPE), -3.5, dtype=torch.bfloat16))
     for b in range(3):
         for p in range(lens[b]):
             block, offset = block_table[b, p // block_size], p % block_size
             entry = values[block, offset].copy()
             entry[:DS_NOPE] = f32(entry[:DS_NOPE])  # the product in f32, then bf16
             expected[starts[b] + p] = bits(torch.from_numpy(entry).bfloat16())
-    assert np.array_equal(bits(dst), expected)  # unwritten rows stay NaN
+    assert np.array_equal(bits(dst), expected)  # unwritten rows keep their values
 
 
 def test_ds_mla_round_trip_through_concat_and_cache_mla(rng):
@@ -472,3 +473,17 @@ def test_scaled_fp8_quant_reports_bad_arguments():
                               output=torch.empty((4, 8), dtype=FP8))
     with pytest.raises(TypeError, match=r"output must have dtype float8_e4m3fn, got bfloat16"):
         vllm.scaled_fp8_quant(x, torch.ones(1), output=torch.empty((4, 8), dtype=torch.bfloat16))
+
+
+def test_upconvert_rows_find_their_requests_without_host_reads():
+    """The row -> (request, position) map of cp_gather_and_upconvert_fp8_kv_cache (device tensor
+    ops): starts out of order, an empty request sharing a start with a full one, a gap, and a
+    range reaching past the rows (cut there, as on CUDA)."""
+    lens = torch.tensor([3, 0, 2, 4], dtype=torch.int32)
+    starts = torch.tensor([5, 1, 1, 8], dtype=torch.int32)
+    request, position, valid = vllm._rows_to_requests(lens, starts, 10)
+    want = {1: (2, 0), 2: (2, 1), 5: (0, 0), 6: (0, 1), 7: (0, 2), 8: (3, 0), 9: (3, 1)}
+    for t in range(10):
+        assert bool(valid[t]) == (t in want), t
+        if t in want:
+            assert (int(request[t]), int(position[t])) == want[t], t

@@ -178,3 +178,38 @@ def test_bad_device_scale_gives_nan_and_a_device_error(rng):
     with pytest.raises(mlakit.MlakitError, match="scaled_fp8_quant: the scale tensor held"):
         mlakit.check_device_errors(DEV)
     mlakit.check_device_errors(DEV)  # cleared
+
+
+def test_cp_gather_and_upconvert_graph_follows_new_lengths_and_starts(rng):
+    """seq_lens / workspace_starts stay on the device: a replay after new lengths, new (out of
+    order, gapped) starts and new cache bytes equals an eager call bit for bit; rows no request
+    covers keep their values."""
+    from test_compat_vllm import ds_mla_cache  # the hand-built fp8_ds_mla entries
+
+    blocks, block_size, width, rows = 12, 4, 4, 40
+    cache = ds_mla_cache(rng, blocks, block_size)[0].to(DEV)
+    table = torch.from_numpy(rng.permutation(blocks)[:3 * width].reshape(3, width)
+                             .astype(np.int32)).to(DEV)
+    lens = torch.tensor([5, 0, 9], dtype=torch.int32, device=DEV)
+    starts = torch.tensor([3, 8, 8], dtype=torch.int32, device=DEV)
+    dst = torch.full((rows, 576), -3.5, dtype=torch.bfloat16, device=DEV)
+    graph, _ = capture(lambda: vllm.cp_gather_and_upconvert_fp8_kv_cache(
+        cache, dst, table, lens, starts, 3))
+    for new_lens, new_starts in (([16, 2, 7], [20, 0, 2]), ([0, 0, 0], [1, 2, 3]),
+                                 ([3, 16, 1], [36, 5, 0])):
+        cache.copy_(ds_mla_cache(rng, blocks, block_size)[0].to(DEV))
+        lens.copy_(torch.tensor(new_lens, dtype=torch.int32))
+        starts.copy_(torch.tensor(new_starts, dtype=torch.int32))
+        dst.fill_(-3.5)
+        graph.replay()
+        want = torch.full_like(dst, -3.5)
+        vllm.cp_gather_and_upconvert_fp8_kv_cache(cache.clone(), want, table, lens.clone(),
+                                                  starts.clone(), 3)
+        torch.cuda.synchronize()
+        assert same_bits(dst, want)
+        covered = np.zeros(rows, dtype=bool)
+        for n, s in zip(new_lens, new_starts):
+            covered[s:s + n] = True
+        assert (dst[torch.from_numpy(~covered).to(DEV)] == -3.5).all()
+        assert not torch.isnan(dst).any()
+    mlakit.check_device_errors(DEV)

@@ -97,9 +97,10 @@ def _config(c):
         device=c.s("device", "cpu"))
 
 
-def _decode(c):
+def _decode(c, tensor_scales=False):
+    scales = ((c["q_scale"], c["k_scale"]) if tensor_scales else (c.f("q_scale"), c.f("k_scale")))
     args = (c["q"], c["kv_cache"], c["block_table"], c["seq_lens"], c["out"], c["lse"],
-            c.f("scale"), c.s("kv_cache_dtype"), c.f("q_scale"), c.f("k_scale"))
+            c.f("scale"), c.s("kv_cache_dtype"), *scales)
     if c.s("form") == "host":
         mlakit.mla_decode(*args, kv_lora_rank=c.s("kv_lora_rank"))
         return
@@ -135,6 +136,7 @@ RUNNERS = {
     "dynamic_scaled_fp8_quant": lambda c: mlakit.dynamic_scaled_fp8_quant(
         c["out"], c["input"], c["scale"]),
     "mla_decode": _decode,
+    "mla_decode_tensor_scale": lambda c: _decode(c, tensor_scales=True),
     "mla_prefill": lambda c: mlakit.mla_prefill(
         c["q"], c["k_nope"], c["k_pe"], c["v"], c["cu_seqlens_q"], c["cu_seqlens_k"],
         c.s("max_seqlen_q"), c.s("max_seqlen_k"), c.f("scale"), bool(c.s("causal")), c["out"],

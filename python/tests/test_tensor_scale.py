@@ -105,6 +105,90 @@ def test_dynamic_quant_zero_and_inf_inputs():
     assert np.isinf(scale[0])
 
 
+def decode_batch(rng, seq_lens, block, width):
+    """fp8 q and fp8_e4m3 cache codes of a paged batch: (q codes [B, 1, N, D], cache codes,
+    block_table). NaN codes in slots no request reads."""
+    heads, dim = 2, width
+    batch = len(seq_lens)
+    cols = max(1, max(-(-int(n) // block) for n in seq_lens))
+    num_blocks = batch * cols + 2
+    table = rng.permutation(num_blocks)[:batch * cols].reshape(batch, cols).astype(np.int32)
+    cache = np.full((num_blocks, block, dim), 0x7F, np.uint8)  # e4m3 NaN
+    for b, n in enumerate(seq_lens):
+        for p in range(n):
+            cache[table[b, p // block], p % block] = e4m3_bits(rng.standard_normal(dim) * 3)
+    q = e4m3_bits(rng.standard_normal((batch, 1, heads, dim)) * 3)
+    return q, cache, table
+
+
+@pytest.mark.parametrize("scheduled", [False, True])
+def test_decode_per_request_scale_arrays_match_fp64(rng, scheduled):
+    from reference import mqa_decode
+
+    rank, block, scale = 24, 4, 0.2
+    seq_lens = np.array([5, 0, 13, 1], np.int32)
+    q, cache, table = decode_batch(rng, seq_lens, block, rank + 8)
+    q_scales = np.array([0.5, 2.0, 0.125, 1.5], np.float32)
+    k_scales = np.array([0.75, 4.0, 0.25, 3.0], np.float32)
+    out = np.full((4, 1, 2, rank), np.nan, np.float32)
+    lse = np.full((4, 1, 2), np.nan, np.float32)
+    kwargs = {}
+    if scheduled:
+        schedule = mlakit.DecodeSchedule(seq_lens, block, num_workers=3)
+        kwargs = dict(schedule=schedule,
+                      split_workspace=np.empty(schedule.workspace_elems(1, 2, rank), np.float32))
+    mlakit.mla_decode(q.view(ml_dtypes.float8_e4m3fn), cache, table, seq_lens, out, lse, scale,
+                      "fp8", q_scales, k_scales, kv_lora_rank=rank, **kwargs)
+    values = lambda codes: codes.view(ml_dtypes.float8_e4m3fn).astype(np.float64)  # noqa: E731
+    for b in range(4):  # request b sees q = code * q_scales[b], K = V = code * k_scales[b]
+        ref, ref_lse = mqa_decode(values(q[b:b + 1]) * q_scales[b],
+                                  values(cache) * k_scales[b], table[b:b + 1],
+                                  seq_lens[b:b + 1], rank, scale)
+        np.testing.assert_allclose(out[b:b + 1], ref, rtol=2e-4, atol=2e-4)
+        np.testing.assert_allclose(lse[b:b + 1], ref_lse, rtol=1e-4, atol=1e-4)
+
+
+def test_decode_one_element_scale_arrays_equal_floats(rng):
+    rank, block = 24, 4
+    seq_lens = np.array([6, 9], np.int32)
+    q, cache, table = decode_batch(rng, seq_lens, block, rank + 8)
+    outs = [np.full((2, 1, 2, rank), np.nan, np.float32) for _ in range(3)]
+    lses = [np.full((2, 1, 2), np.nan, np.float32) for _ in range(3)]
+    q8 = q.view(ml_dtypes.float8_e4m3fn)
+    for i, (qs, ks) in enumerate([(0.375, 1.25), (scale_array(0.375), scale_array(1.25)),
+                                  (scale_array(0.375), 1.25)]):  # a float beside a tensor too
+        mlakit.mla_decode(q8, cache, table, seq_lens, outs[i], lses[i], 0.3, "fp8", qs, ks,
+                          kv_lora_rank=rank)
+    for i in (1, 2):
+        assert np.array_equal(outs[0], outs[i]) and np.array_equal(lses[0], lses[i])
+    # k_scale 1 beside a tensor q_scale goes to the library as NULL (its default, 1)
+    results = []
+    for qs in (0.375, scale_array(0.375)):
+        out, lse = np.full_like(outs[0], np.nan), np.full_like(lses[0], np.nan)
+        mlakit.mla_decode(q8, cache, table, seq_lens, out, lse, 0.3, "fp8", qs, 1.0,
+                          kv_lora_rank=rank)
+        results.append((out, lse))
+    assert np.array_equal(results[0][0], results[1][0])
+    assert np.array_equal(results[0][1], results[1][1])
+
+
+def test_decode_scale_array_errors_name_the_scale(rng):
+    rank, block = 24, 4
+    seq_lens = np.array([6, 9], np.int32)
+    q, cache, table = decode_batch(rng, seq_lens, block, rank + 8)
+    out = np.zeros((2, 1, 2, rank), np.float32)
+    lse = np.zeros((2, 1, 2), np.float32)
+    args = (q.view(ml_dtypes.float8_e4m3fn), cache, table, seq_lens, out, lse, 0.3, "fp8")
+    with pytest.raises(mlakit.MlakitError,
+                       match=r"mla_decode: k_scale\[1\] must be finite and > 0"):
+        mlakit.mla_decode(*args, 1.0, np.array([1.0, np.inf], np.float32), kv_lora_rank=rank)
+    with pytest.raises(mlakit.MlakitError, match="mla_decode: q_scale must be finite and > 0"):
+        mlakit.mla_decode(*args, scale_array(0.0), 1.0, kv_lora_rank=rank)
+    with pytest.raises(mlakit.MlakitError, match=r"mla_decode: q_scale must have exactly one "
+                                                 r"element or the shape \[B\] = \[2\]"):
+        mlakit.mla_decode(*args, np.ones(3, np.float32), 1.0, kv_lora_rank=rank)
+
+
 def test_torch_tensor_scale_ops():
     torch = pytest.importorskip("torch")
     if not mlakit.torch_ops_registered:

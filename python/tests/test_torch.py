@@ -9,8 +9,8 @@ import mlakit  # noqa: E402  (after torch: the ops register on import)
 from reference import e4m3_encode, merge_attn_states as merge_reference  # noqa: E402
 
 OPS = ["concat_and_cache_mla", "gather_and_maybe_dequant_cache", "cp_gather_cache",
-       "merge_attn_states", "static_scaled_fp8_quant", "mla_decode", "mla_prefill",
-       "mla_attention_forward", "mla_attention_forward_step"]
+       "merge_attn_states", "static_scaled_fp8_quant", "mla_decode", "mla_decode_tensor_scale",
+       "mla_prefill", "mla_attention_forward", "mla_attention_forward_step"]
 
 
 def merge_inputs(rng, T=6, H=3, D=16):
@@ -197,3 +197,31 @@ def test_cuda_decode_plans_itself_or_takes_the_librarys_schedule(rng):
         torch.testing.assert_close(out.cpu(), out_cpu, rtol=1.6e-2, atol=1e-2)
         torch.testing.assert_close(lse.cpu(), lse_cpu, rtol=1e-4, atol=1e-4)
     mlakit.check_device_errors("cuda")
+
+
+def test_torch_op_decode_tensor_scale_equals_floats(rng):
+    """torch.ops.mlakit.mla_decode_tensor_scale with one-element CPU tensors gives the float
+    form's bits; per-request tensors give each request its own scales."""
+    L, R, N, block = 32, 8, 2, 4
+    seq_lens = torch.tensor([5, 9], dtype=torch.int32)
+    table = torch.tensor([[0, 1, -1], [2, 3, 4]], dtype=torch.int32)
+    cache = torch.from_numpy(e4m3_encode(rng.standard_normal((5, block, L + R)) * 3))
+    q = torch.from_numpy(e4m3_encode(rng.standard_normal((2, 1, N, L + R)) * 3))
+    q = q.view(torch.float8_e4m3fn)
+    outs = [torch.full((2, 1, N, L), float("nan")) for _ in range(4)]
+    lses = [torch.full((2, 1, N), float("nan")) for _ in range(4)]
+    torch.ops.mlakit.mla_decode(q, cache, table, seq_lens, outs[0], lses[0], L, 0.2, "fp8", 0.5,
+                                2.0)
+    torch.ops.mlakit.mla_decode_tensor_scale(q, cache, table, seq_lens, outs[1], lses[1], L, 0.2,
+                                             "fp8", torch.tensor([0.5]), torch.tensor([2.0]))
+    assert torch.equal(outs[0], outs[1]) and torch.equal(lses[0], lses[1])
+    # per request: request b with (q_scales[b], k_scales[b]) alone, by the float form
+    q_scales, k_scales = torch.tensor([0.5, 0.25]), torch.tensor([2.0, 1.5])
+    torch.ops.mlakit.mla_decode_tensor_scale(q, cache, table, seq_lens, outs[2], lses[2], L, 0.2,
+                                             "fp8", q_scales, k_scales)
+    for b in range(2):
+        torch.ops.mlakit.mla_decode(q[b:b + 1], cache, table[b:b + 1], seq_lens[b:b + 1],
+                                    outs[3][b:b + 1], lses[3][b:b + 1], L, 0.2, "fp8",
+                                    float(q_scales[b]), float(k_scales[b]))
+    torch.testing.assert_close(outs[2], outs[3], rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(lses[2], lses[3], rtol=1e-6, atol=1e-6)

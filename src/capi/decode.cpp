@@ -28,6 +28,71 @@ mlakit::ops::DecodeParams decode_params(const char* op, int64_t kv_lora_rank, fl
   return params;
 }
 
+// decode_params with q_scale / k_scale given as tensors (NULL: the float default, 1).
+mlakit::ops::DecodeParams decode_params(const char* op, int64_t kv_lora_rank, float scale,
+                                        int32_t kv_cache_dtype, const DLTensor* q_scale,
+                                        const DLTensor* k_scale) {
+  mlakit::ops::DecodeParams params =
+      decode_params(op, kv_lora_rank, scale, kv_cache_dtype, 1.0f, 1.0f);
+  params.q_scale_tensor = mlakit::capi::to_optional_view(op, "q_scale", q_scale);
+  params.k_scale_tensor = mlakit::capi::to_optional_view(op, "k_scale", k_scale);
+  return params;
+}
+
+// The argument views of a decode call.
+struct DecodeViews {
+  mlakit::TensorView q, kv_cache, block_table, seq_lens, out, lse;
+};
+DecodeViews decode_views(const char* op, const DLTensor* q, const DLTensor* kv_cache,
+                         const DLTensor* block_table, const DLTensor* seq_lens, const DLTensor* out,
+                         const DLTensor* lse) {
+  const auto [q_view, kv_cache_view, block_table_view, seq_lens_view, out_view, lse_view] =
+      to_views(op, {{"q", q},
+                    {"kv_cache", kv_cache},
+                    {"block_table", block_table},
+                    {"seq_lens", seq_lens},
+                    {"out", out},
+                    {"lse", lse}});
+  return {q_view, kv_cache_view, block_table_view, seq_lens_view, out_view, lse_view};
+}
+
+// The convenience decode (plans and allocates itself) behind both C entries; Scale: float (host
+// scales) or const DLTensor*.
+template <class Scale>
+mlakit_status_t decode_planning_itself(const DLTensor* q, const DLTensor* kv_cache,
+                                       const DLTensor* block_table, const DLTensor* seq_lens,
+                                       const DLTensor* out, const DLTensor* lse,
+                                       int64_t kv_lora_rank, float scale, int32_t kv_cache_dtype,
+                                       Scale q_scale, Scale k_scale) {
+  constexpr const char* kOp = "mla_decode";
+  return guarded(kOp, [&] {
+    const DecodeViews v = decode_views(kOp, q, kv_cache, block_table, seq_lens, out, lse);
+    mlakit::ops::mla_decode(
+        v.q, v.kv_cache, v.block_table, v.seq_lens, v.out, v.lse,
+        decode_params(kOp, kv_lora_rank, scale, kv_cache_dtype, q_scale, k_scale));
+  });
+}
+
+// The scheduled decode behind both C entries; Scale: float (host scales) or const DLTensor*.
+template <class Scale>
+mlakit_status_t decode_scheduled(const DLTensor* q, const DLTensor* kv_cache,
+                                 const DLTensor* block_table, const DLTensor* seq_lens,
+                                 const DLTensor* out, const DLTensor* lse, int64_t kv_lora_rank,
+                                 float scale, int32_t kv_cache_dtype, Scale q_scale, Scale k_scale,
+                                 const mlakit_decode_schedule_t* schedule,
+                                 const DLTensor* split_workspace, void* stream) {
+  constexpr const char* kOp = "mla_decode";
+  return guarded(kOp, [&] {
+    require_pointer(kOp, "schedule", schedule);
+    const DecodeViews v = decode_views(kOp, q, kv_cache, block_table, seq_lens, out, lse);
+    const auto [split_workspace_view] = to_views(kOp, {{"split_workspace", split_workspace}});
+    mlakit::ops::mla_decode(
+        v.q, v.kv_cache, v.block_table, v.seq_lens, v.out, v.lse,
+        decode_params(kOp, kv_lora_rank, scale, kv_cache_dtype, q_scale, k_scale),
+        schedule->schedule, split_workspace_view, mlakit::Stream{stream});
+  });
+}
+
 }  // namespace
 
 extern "C" {
@@ -37,19 +102,16 @@ MLAKIT_API mlakit_status_t mlakit_mla_decode(const DLTensor* q, const DLTensor* 
                                              const DLTensor* out, const DLTensor* lse,
                                              int64_t kv_lora_rank, float scale,
                                              int32_t kv_cache_dtype, float q_scale, float k_scale) {
-  constexpr const char* kOp = "mla_decode";
-  return guarded(kOp, [&] {
-    const auto [q_view, kv_cache_view, block_table_view, seq_lens_view, out_view, lse_view] =
-        to_views(kOp, {{"q", q},
-                       {"kv_cache", kv_cache},
-                       {"block_table", block_table},
-                       {"seq_lens", seq_lens},
-                       {"out", out},
-                       {"lse", lse}});
-    mlakit::ops::mla_decode(
-        q_view, kv_cache_view, block_table_view, seq_lens_view, out_view, lse_view,
-        decode_params(kOp, kv_lora_rank, scale, kv_cache_dtype, q_scale, k_scale));
-  });
+  return decode_planning_itself(q, kv_cache, block_table, seq_lens, out, lse, kv_lora_rank, scale,
+                                kv_cache_dtype, q_scale, k_scale);
+}
+
+MLAKIT_API mlakit_status_t mlakit_mla_decode_tensor_scale(
+    const DLTensor* q, const DLTensor* kv_cache, const DLTensor* block_table,
+    const DLTensor* seq_lens, const DLTensor* out, const DLTensor* lse, int64_t kv_lora_rank,
+    float scale, int32_t kv_cache_dtype, const DLTensor* q_scale, const DLTensor* k_scale) {
+  return decode_planning_itself(q, kv_cache, block_table, seq_lens, out, lse, kv_lora_rank, scale,
+                                kv_cache_dtype, q_scale, k_scale);
 }
 
 MLAKIT_API mlakit_status_t mlakit_plan_mla_decode(const mlakit_decode_plan_shape_t* shape,
@@ -128,22 +190,17 @@ MLAKIT_API mlakit_status_t mlakit_mla_decode_scheduled(
     const DLTensor* seq_lens, const DLTensor* out, const DLTensor* lse, int64_t kv_lora_rank,
     float scale, int32_t kv_cache_dtype, float q_scale, float k_scale,
     const mlakit_decode_schedule_t* schedule, const DLTensor* split_workspace, void* stream) {
-  constexpr const char* kOp = "mla_decode";
-  return guarded(kOp, [&] {
-    require_pointer(kOp, "schedule", schedule);
-    const auto [q_view, kv_cache_view, block_table_view, seq_lens_view, out_view, lse_view,
-                split_workspace_view] = to_views(kOp, {{"q", q},
-                                                       {"kv_cache", kv_cache},
-                                                       {"block_table", block_table},
-                                                       {"seq_lens", seq_lens},
-                                                       {"out", out},
-                                                       {"lse", lse},
-                                                       {"split_workspace", split_workspace}});
-    mlakit::ops::mla_decode(
-        q_view, kv_cache_view, block_table_view, seq_lens_view, out_view, lse_view,
-        decode_params(kOp, kv_lora_rank, scale, kv_cache_dtype, q_scale, k_scale),
-        schedule->schedule, split_workspace_view, mlakit::Stream{stream});
-  });
+  return decode_scheduled(q, kv_cache, block_table, seq_lens, out, lse, kv_lora_rank, scale,
+                          kv_cache_dtype, q_scale, k_scale, schedule, split_workspace, stream);
+}
+
+MLAKIT_API mlakit_status_t mlakit_mla_decode_scheduled_tensor_scale(
+    const DLTensor* q, const DLTensor* kv_cache, const DLTensor* block_table,
+    const DLTensor* seq_lens, const DLTensor* out, const DLTensor* lse, int64_t kv_lora_rank,
+    float scale, int32_t kv_cache_dtype, const DLTensor* q_scale, const DLTensor* k_scale,
+    const mlakit_decode_schedule_t* schedule, const DLTensor* split_workspace, void* stream) {
+  return decode_scheduled(q, kv_cache, block_table, seq_lens, out, lse, kv_lora_rank, scale,
+                          kv_cache_dtype, q_scale, k_scale, schedule, split_workspace, stream);
 }
 
 }  // extern "C"

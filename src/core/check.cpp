@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <string>
 
 namespace mlakit::detail {
 
@@ -126,15 +127,39 @@ void check_positive_finite(const char* op, const char* name, float value) {
           " must be finite and > 0, got ", value);
 }
 
-void check_scale_tensor(const char* op, const char* name, const TensorView& t, Device device) {
+namespace {
+
+// A scale tensor's checks; `count_ok` says whether its shape holds the values the op takes,
+// `expected` describes them.
+void check_scale_view(const char* op, const char* name, const TensorView& t, Device device,
+                      bool (*count_ok)(const TensorView&, int64_t), int64_t batch,
+                      const std::string& expected) {
   check_storage(op, name, t);
   check_dtype(op, name, t, {DType::kF32});
-  require(t.numel() == 1, ErrorCode::kInvalidArgument, op, ": ", name,
-          " must have exactly one element, got shape ", shape_string(t));
+  require(count_ok(t, batch), ErrorCode::kInvalidArgument, op, ": ", name, " must have ", expected,
+          ", got shape ", shape_string(t));
   check_device(op, name, t, device);
   // 4: the f32 load the kernels issue needs its natural alignment.
   require(reinterpret_cast<uintptr_t>(t.data) % 4 == 0, ErrorCode::kInvalidArgument, op, ": ", name,
           " data must be 4-byte aligned (an f32 element)");
+}
+
+}  // namespace
+
+void check_scale_tensor(const char* op, const char* name, const TensorView& t, Device device) {
+  check_scale_view(
+      op, name, t, device, [](const TensorView& v, int64_t) { return v.numel() == 1; }, 0,
+      "exactly one element");
+}
+
+void check_request_scale_tensor(const char* op, const char* name, const TensorView& t,
+                                Device device, int64_t batch) {
+  check_scale_view(
+      op, name, t, device,
+      [](const TensorView& v, int64_t b) {
+        return v.numel() == 1 || (v.ndim == 1 && v.shape[0] == b);
+      },
+      batch, str_cat("exactly one element or the shape [B] = [", batch, "] (one per request)"));
 }
 
 float host_scale_value(const TensorView& t) {
@@ -171,9 +196,9 @@ bool views_overlap(const TensorView& a, const TensorView& b) {
 }
 
 void check_scale_apart(const char* op, const TensorView& scale, const char* name,
-                       const TensorView& written) {
-  require(!views_overlap(scale, written), ErrorCode::kInvalidArgument, op,
-          ": scale must not overlap ", name);
+                       const TensorView& written, const char* scale_name) {
+  require(!views_overlap(scale, written), ErrorCode::kInvalidArgument, op, ": ", scale_name,
+          " must not overlap ", name);
 }
 
 }  // namespace mlakit::detail

@@ -74,15 +74,19 @@ void check_positive_finite(const char* op, const char* name, float value);
 // A scale given as a tensor (ops.hpp, "Scales as tensors"): dtype f32, exactly one element (any
 // shape), on `device`, its address 4-byte aligned. Reads no element.
 void check_scale_tensor(const char* op, const char* name, const TensorView& t, Device device);
+// check_scale_tensor's checks, but one element (any shape) or a one-dimensional [batch] tensor
+// (any stride): one scale per request of a batch.
+void check_request_scale_tensor(const char* op, const char* name, const TensorView& t,
+                                Device device, int64_t batch);
 // The value of a host scale tensor that check_scale_tensor accepted.
 float host_scale_value(const TensorView& t);
 // True when the byte ranges two views can touch intersect. Empty views touch nothing, and so do
 // views no check has accepted yet (null data, negative strides, an extent that overflows).
 bool views_overlap(const TensorView& a, const TensorView& b);
-// A scale tensor must not share memory with the op's output `written` (named `name`): the CUDA
-// kernels read the scale on the device while they write the output.
+// A scale tensor (named `scale_name`) must not share memory with the op's output `written` (named
+// `name`): the CUDA kernels read the scale on the device while they write the output.
 void check_scale_apart(const char* op, const TensorView& scale, const char* name,
-                       const TensorView& written);
+                       const TensorView& written, const char* scale_name = "scale");
 
 }  // namespace mlakit::detail
 

@@ -292,7 +292,8 @@ void run_split(const DecodeProblem& p, const Shape& sh, int64_t b, int64_t k0, i
   Scratch& sc = thread_scratch();
   sc.reserve(sh);
   const int64_t seq_len = p.seq_lens.data_as<const int32_t>()[b * p.seq_lens.strides[0]];
-  const float q_factor = p.score_scale * kLog2e;
+  const RequestScales scales = request_scales(p, b);
+  const float q_factor = scales.score_scale * kLog2e;
 
   for (int64_t m = 0; m < sh.rows_padded; ++m) {
     float* qrow = sc.q + m * sh.dim_padded;
@@ -357,7 +358,7 @@ void run_split(const DecodeProblem& p, const Shape& sh, int64_t b, int64_t k0, i
     const int64_t j = m / sh.heads, n = m % sh.heads;
     const float sum = sc.row_sum[m];
     // sum > 0 iff the row saw a key (its largest term is 2^0 = 1).
-    const float scale = sum > 0.0f ? p.value_scale / sum : 0.0f;
+    const float scale = sum > 0.0f ? scales.value_scale / sum : 0.0f;
     const float lse = sum > 0.0f ? (sc.row_max[m] + std::log2(sum)) * kLn2 : kNegInf;
     const float* acc = sc.acc + m * sh.rank_padded;
     if (only_split) {

@@ -6,6 +6,8 @@
 #include <cstdint>
 #include <limits>
 #include <optional>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "core/check.hpp"
@@ -231,6 +233,28 @@ DType ds_mla_rope_dtype(const TensorView& q, const TensorView& out) {
   return out.dtype;
 }
 
+// q_scale / k_scale given as a tensor (DecodeParams::q_scale_tensor): f32 [1] or [B] on q's
+// device, apart from the outputs. Host values are read and checked now, each as the float form
+// checks its float ("q_scale[b]" names a per-request one). Absent: no tensor (data nullptr).
+DecodeScaleTensor scale_tensor(const char* name, const std::optional<TensorView>& t,
+                               const TensorView& q, const TensorView& out, const TensorView& lse) {
+  if (!t) return {};
+  const int64_t batch = q.size(0);
+  detail::check_request_scale_tensor(kOp, name, *t, q.device, batch);
+  detail::check_scale_apart(kOp, *t, "out", out, name);
+  detail::check_scale_apart(kOp, *t, "lse", lse, name);
+  const DecodeScaleTensor scales{static_cast<const float*>(t->data),
+                                 t->numel() == 1 ? 0 : t->strides[0]};
+  if (!q.device.is_cuda()) {
+    const int64_t count = scales.stride == 0 ? 1 : batch;
+    for (int64_t b = 0; b < count; ++b) {
+      const std::string what = count == 1 ? name : detail::str_cat(name, "[", b, "]");
+      detail::check_positive_finite(kOp, what.c_str(), scales.data[b * scales.stride]);
+    }
+  }
+  return scales;
+}
+
 // The tensors and scalars, without reading device tensors' contents; returns the kernel's
 // arguments but the workspace.
 DecodeProblem validate_tensors(const TensorView& q, const TensorView& kv_cache,
@@ -280,8 +304,10 @@ DecodeProblem validate_tensors(const TensorView& q, const TensorView& kv_cache,
   detail::check_size_matches(kOp, "seq_lens", seq_lens, 0, "q", q, 0, kQueryDims[0]);
 
   detail::check_positive_finite(kOp, "scale", params.scale);
-  detail::check_positive_finite(kOp, "q_scale", params.q_scale);
-  detail::check_positive_finite(kOp, "k_scale", params.k_scale);
+  const DecodeScaleTensor q_scales = scale_tensor("q_scale", params.q_scale_tensor, q, out, lse);
+  if (!params.q_scale_tensor) detail::check_positive_finite(kOp, "q_scale", params.q_scale);
+  const DecodeScaleTensor k_scales = scale_tensor("k_scale", params.k_scale_tensor, q, out, lse);
+  if (!params.k_scale_tensor) detail::check_positive_finite(kOp, "k_scale", params.k_scale);
 
   DecodeProblem p;
   p.q = q;
@@ -299,6 +325,13 @@ DecodeProblem validate_tensors(const TensorView& q, const TensorView& kv_cache,
   p.score_scale =
       params.scale * (fp8_q ? params.q_scale : 1.0f) * (fp8_values ? params.k_scale : 1.0f);
   p.value_scale = fp8_values ? params.k_scale : 1.0f;
+  p.q_scales = q_scales;
+  p.k_scales = k_scales;
+  p.softmax_scale = params.scale;
+  p.q_scale = params.q_scale;
+  p.k_scale = params.k_scale;
+  p.q_scale_applies = fp8_q;
+  p.k_scale_applies = fp8_values;
   return p;
 }
 
@@ -352,6 +385,10 @@ void mla_decode(const TensorView& q, const TensorView& kv_cache, const TensorVie
   if (!has_backend(device)) detail::unsupported_device(kOp, device);
   DecodeProblem problem = validate_tensors(q, kv_cache, block_table, seq_lens, out, lse, params);
   validate_schedule(problem, device, schedule, split_workspace);
+  for (const auto& [name, t] : {std::pair{"q_scale", &params.q_scale_tensor},
+                                std::pair{"k_scale", &params.k_scale_tensor}}) {
+    if (*t) detail::check_scale_apart(kOp, **t, "split_workspace", split_workspace, name);
+  }
 #ifdef MLAKIT_WITH_CUDA
   // Index contents stay on the device (no host sync): the kernel guards them itself.
   if (device.is_cuda()) {

@@ -228,14 +228,17 @@ Outputs make_outputs(const Case& c) {
   return o;
 }
 
-Outputs run_decode(const Case& c, const Inputs& in, const DecodeSchedule& schedule) {
+Outputs run_decode(const Case& c, const Inputs& in, const DecodeSchedule& schedule,
+                   const ops::DecodeParams& params) {
   Outputs o = make_outputs(c);
   const Tensor ws = test::nan_tensor(
       {std::max<int64_t>(1, ops::mla_decode_workspace_elems(schedule, c.s_q, c.heads, c.rank))},
       DType::kF32);
-  ops::mla_decode(in.q, in.cache, in.block_table, in.seq_lens, o.out, o.lse, c.params(), schedule,
-                  ws);
+  ops::mla_decode(in.q, in.cache, in.block_table, in.seq_lens, o.out, o.lse, params, schedule, ws);
   return o;
+}
+Outputs run_decode(const Case& c, const Inputs& in, const DecodeSchedule& schedule) {
+  return run_decode(c, in, schedule, c.params());
 }
 
 DecodeSchedule plan(const Case& c, int64_t workers) {
@@ -310,6 +313,92 @@ TEST(MlaDecode, Fp8CacheWithScales) {
         SCOPED_TRACE(testing::Message() << "k_scale " << k_scale << " q " << dtype_name(q_dtype)
                                         << " q_scale " << q_scale);
         check_case(c, stream++);
+      }
+    }
+  }
+}
+
+// ---- q_scale / k_scale as tensors (DecodeParams::q_scale_tensor / k_scale_tensor) -------------
+
+// An f32 [n] tensor of `values` whose elements lie `step` floats apart (a strided view for
+// step > 1; the gaps hold NaN).
+struct ScaleTensor {
+  Tensor storage;
+  TensorView view;
+};
+ScaleTensor scale_tensor(const std::vector<float>& values, int64_t step = 1) {
+  const auto n = static_cast<int64_t>(values.size());
+  ScaleTensor t{test::nan_tensor({std::max<int64_t>(1, n * step)}, DType::kF32), {}};
+  for (int64_t i = 0; i < n; ++i) t.storage.data<float>()[i * step] = values[i];
+  t.view = t.storage.view().narrow(0, 0, (n - 1) * step + 1);
+  t.view.shape[0] = n;
+  t.view.strides[0] = step;
+  return t;
+}
+
+// fp8 q over an fp8_e4m3 cache with one (q_scale, k_scale) per request: the codes were written
+// with scales 1, so request b's kernel sees q = code * q_scales[b], K = V = code * k_scales[b];
+// the fp64 oracle gets exactly those values.
+TEST(MlaDecode, PerRequestScaleTensorsMatchTheOracle) {
+  Case c;
+  c.seq_lens = boundary_lens(16);
+  c.kv_dtype = KvCacheDType::kFp8E4m3;
+  c.q_dtype = DType::kFp8E4m3;
+  c.out_dtype = DType::kF32;  // f32's tolerance: a scale off by 1e-4 shows
+  auto rng = test::make_rng(250);
+  Inputs in = make_inputs(c, rng);
+  std::vector<float> q_scales, k_scales;
+  for (int64_t b = 0; b < c.batch(); ++b) {
+    q_scales.push_back(0.25f + 0.375f * static_cast<float>(b));
+    k_scales.push_back(2.5f - 0.25f * static_cast<float>(b));
+  }
+  const int64_t rows = c.s_q * c.heads, d = c.dim();
+  for (int64_t b = 0; b < c.batch(); ++b) {
+    for (int64_t i = 0; i < rows * d; ++i) in.q_seen[b * rows * d + i] *= q_scales[b];
+    for (double& v : in.keys_seen[b]) v *= k_scales[b];
+  }
+  const Expected e = reference(c, in);
+  for (int64_t step : {1, 3}) {
+    SCOPED_TRACE(testing::Message() << "scale tensors with element stride " << step);
+    const ScaleTensor qs = scale_tensor(q_scales, step), ks = scale_tensor(k_scales, step);
+    ops::DecodeParams params = c.params();
+    params.q_scale = params.k_scale = std::nanf("");  // replaced by the tensors: never read
+    params.q_scale_tensor = qs.view;
+    params.k_scale_tensor = ks.view;
+    for (int64_t workers : {1, 3}) expect_close(c, run_decode(c, in, plan(c, workers), params), e);
+  }
+}
+
+// One-element tensors give the float form's bits, for every cache format (a scale that does not
+// apply is read and checked but changes nothing), and may mix with a float of the other scale.
+TEST(MlaDecode, OneElementScaleTensorsEqualTheFloatFormBitwise) {
+  uint64_t stream = 260;
+  for (KvCacheDType kv : {KvCacheDType::kAuto, KvCacheDType::kFp8E4m3}) {
+    for (DType q_dtype : {DType::kBF16, DType::kFp8E4m3}) {
+      if (kv == KvCacheDType::kAuto && q_dtype == DType::kFp8E4m3) continue;
+      Case c;
+      c.seq_lens = {0, 1, 17, 40};
+      c.kv_dtype = kv;
+      c.q_dtype = q_dtype;
+      c.q_scale = 1.75f;
+      c.k_scale = 0.625f;
+      c.out_dtype = DType::kF32;
+      SCOPED_TRACE(testing::Message()
+                   << "kv " << static_cast<int>(kv) << " q " << dtype_name(q_dtype));
+      auto rng = test::make_rng(stream++);
+      const Inputs in = make_inputs(c, rng);
+      const DecodeSchedule schedule = plan(c, 2);
+      const Outputs floats = run_decode(c, in, schedule);
+      const ScaleTensor qs = scale_tensor({c.q_scale}), ks = scale_tensor({c.k_scale});
+      for (int which = 0; which < 3; ++which) {  // both tensors, q_scale only, k_scale only
+        ops::DecodeParams params = c.params();
+        if (which != 2) params.q_scale_tensor = qs.view;
+        if (which != 1) params.k_scale_tensor = ks.view;
+        const Outputs o = run_decode(c, in, schedule, params);
+        EXPECT_EQ(std::memcmp(o.out.data, floats.out.data, o.out.numel() * o.out.element_size()), 0)
+            << which;
+        EXPECT_EQ(std::memcmp(o.lse.data, floats.lse.data, o.lse.numel() * o.lse.element_size()), 0)
+            << which;
       }
     }
   }
@@ -728,6 +817,35 @@ TEST_F(MlaDecodeErrors, BadScales) {
     p.k_scale = bad;
     MLAKIT_EXPECT_THROW_MSG(run_with(p), "mla_decode: k_scale must be finite and > 0");
   }
+}
+
+TEST_F(MlaDecodeErrors, BadScaleTensors) {
+  const float nan = std::nanf(""), inf = std::numeric_limits<float>::infinity();
+  for (float bad : {0.0f, -0.1f, nan, inf}) {
+    const ScaleTensor one = scale_tensor({bad}), per_request = scale_tensor({1.0f, bad});
+    ops::DecodeParams p = c_.params();
+    p.q_scale_tensor = one.view;  // checked like the float, also where it does not apply
+    MLAKIT_EXPECT_THROW_MSG(run_with(p), "mla_decode: q_scale must be finite and > 0");
+    p = c_.params();
+    p.k_scale_tensor = per_request.view;
+    MLAKIT_EXPECT_THROW_MSG(run_with(p), "mla_decode: k_scale[1] must be finite and > 0");
+  }
+  const ScaleTensor three = scale_tensor({1.0f, 1.0f, 1.0f});
+  ops::DecodeParams p = c_.params();
+  p.q_scale_tensor = three.view;
+  MLAKIT_EXPECT_THROW_MSG(
+      run_with(p), "mla_decode: q_scale must have exactly one element or the shape [B] = [2]");
+  const Tensor f16 = Tensor::empty({1}, DType::kF16);
+  p = c_.params();
+  p.k_scale_tensor = f16.view();
+  MLAKIT_EXPECT_THROW_MSG(run_with(p), "mla_decode: k_scale must have dtype f32");
+  p = c_.params();
+  p.k_scale_tensor = out_.lse.narrow(2, 0, 1).narrow(1, 0, 1).narrow(0, 0, 1);
+  MLAKIT_EXPECT_THROW_MSG(run_with(p), "mla_decode: k_scale must not overlap lse");
+  ws_.data<float>()[7] = 1.0f;  // a valid value, inside the workspace the decode writes
+  p = c_.params();
+  p.q_scale_tensor = ws_.view().narrow(0, 7, 1);
+  MLAKIT_EXPECT_THROW_MSG(run_with(p), "mla_decode: q_scale must not overlap split_workspace");
 }
 
 TEST_F(MlaDecodeErrors, ScheduleMustMatchSeqLens) {

@@ -10,8 +10,10 @@
 #include <cfloat>
 #include <cmath>
 #include <cstring>
+#include <functional>
 #include <limits>
 #include <numeric>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -455,6 +457,19 @@ TEST(MlaDecodeCuda, BadDeviceIndicesGiveNanRows) {
   }
 }
 
+// After a graph replay wrote replay_out / replay_lse: an eager run (`run_eager`, on `stream`) of
+// the same decode on the same inputs gives the same bits into out / lse, and no bad index is
+// reported.
+void expect_eager_equals_replay(const std::function<void()>& run_eager, cudaStream_t stream,
+                                const Tensor& out, const Tensor& lse, const Tensor& replay_out,
+                                const Tensor& replay_lse) {
+  run_eager();
+  cuda_ok(cudaStreamSynchronize(stream), "eager sync");
+  EXPECT_TRUE(test::all_close(to_host(out).view(), test::to_doubles(replay_out.view()), {0, 0}));
+  EXPECT_TRUE(test::all_close(to_host(lse).view(), test::to_doubles(replay_lse.view()), {0, 0}));
+  EXPECT_NO_THROW(ops::check_device_errors(Device::cuda(0), Stream{stream}));
+}
+
 // One captured graph, replayed after the device seq_lens and block table change: the schedule
 // depends on shapes only and the plan kernel recomputes the work plan on every replay, so every
 // replay must match a fresh reference and an eager run bit for bit.
@@ -537,11 +552,7 @@ void check_graph_replay(int64_t heads, int64_t s_q, bool invariant, uint64_t see
     EXPECT_TRUE(test::all_close(replay_out.view(), want.out, out_tolerance(c))) << "out";
     EXPECT_TRUE(test::all_close(replay_lse.view(), want.lse, kLseTolerance)) << "lse";
 
-    decode(stream);  // eager, same inputs
-    cuda_ok(cudaStreamSynchronize(stream), "eager sync");
-    EXPECT_TRUE(test::all_close(to_host(out).view(), test::to_doubles(replay_out.view()), {0, 0}));
-    EXPECT_TRUE(test::all_close(to_host(lse).view(), test::to_doubles(replay_lse.view()), {0, 0}));
-    EXPECT_NO_THROW(ops::check_device_errors(Device::cuda(0), Stream{stream}));
+    expect_eager_equals_replay([&] { decode(stream); }, stream, out, lse, replay_out, replay_lse);
   }
   cudaGraphExecDestroy(exec);
   cudaGraphDestroy(graph);
@@ -555,6 +566,205 @@ TEST(MlaDecodeCuda, GraphReplayFollowsNewLengthsAndTables) {
   check_graph_replay(128, 1, false, 802);  // two 64-row tiles, 66 parts
   check_graph_replay(16, 1, true, 803);    // batch-invariant pieces of 16 tiles
   check_graph_replay(128, 1, true, 804);
+}
+
+// ---- q_scale / k_scale as device tensors -------------------------------------------------------
+
+// run_gpu with q_scale / k_scale device tensors (absent: the Case's floats), on the default stream
+// and with `parts` parts.
+Results run_gpu_scales(const Case& c, const DeviceInputs& d, int64_t parts,
+                       const std::optional<TensorView>& q_scales,
+                       const std::optional<TensorView>& k_scales) {
+  const DecodeSchedule s = schedule_for(c, d.block_table.view(), parts, false);
+  const Tensor out = device_nan({c.batch(), c.s_q, c.heads, kRank}, c.out_dtype);
+  const Tensor lse = device_nan({c.batch(), c.s_q, c.heads}, DType::kF32);
+  const Tensor ws =
+      device_nan({std::max<int64_t>(1, ops::mla_decode_workspace_elems(s, c.s_q, c.heads, kRank))},
+                 DType::kF32);
+  ops::DecodeParams params = c.params();
+  params.q_scale_tensor = q_scales;
+  params.k_scale_tensor = k_scales;
+  ops::mla_decode(d.q, d.cache, d.block_table, d.seq_lens, out, lse, params, s, ws);
+  cuda_ok(cudaDeviceSynchronize(), "decode");
+  return results_of(c, to_host(out), to_host(lse));
+}
+
+// Request b's out and lse bits of `got` equal those of `want`.
+void expect_request_bits(const Case& c, const Results& got, const Results& want, int64_t b) {
+  const int64_t rows = c.s_q * c.heads;
+  const auto bytes = [&](const TensorView& v, int64_t per_request) {
+    return std::vector<uint8_t>(
+        static_cast<const uint8_t*>(v.data) + b * per_request * v.element_size(),
+        static_cast<const uint8_t*>(v.data) + (b + 1) * per_request * v.element_size());
+  };
+  EXPECT_TRUE(bytes(got.out, rows * kRank) == bytes(want.out, rows * kRank)) << "out of " << b;
+  EXPECT_TRUE(bytes(got.lse, rows) == bytes(want.lse, rows)) << "lse of " << b;
+}
+
+// Scale tensors read by the kernels: one-element device tensors give the float form's bits, and
+// with one value per request request b's rows are bitwise those of a host-float launch with
+// (q_scales[b], k_scales[b]) (which the tests above check against the oracle). Raw e4m3 tiles
+// (fp8 q), the converting path (bf16 q, its q_scale read but not applied), 16- and 64-row CTAs,
+// the wgmma kernel (a bf16 cache), planned and forced schedules.
+TEST(MlaDecodeCuda, ScaleTensorsEqualHostFloatScales) {
+  MLAKIT_SKIP_WITHOUT_GPU();
+  Case fp8;
+  fp8.kv_dtype = KvCacheDType::kFp8E4m3;
+  fp8.q_dtype = DType::kFp8E4m3;
+  fp8.seq_lens = {700, 0, 65, 3000};
+  fp8.block_size = 64;
+  fp8.q_scale = 0.5f;
+  fp8.k_scale = 1.5f;
+  Case fp8_64 = fp8;
+  fp8_64.heads = 128;
+  Case bf16_q = fp8;
+  bf16_q.q_dtype = DType::kBF16;
+  bf16_q.out_dtype = DType::kBF16;
+  Case wgmma;  // 16-bit cache, 64-row tiles: the scales are read and checked, not applied
+  wgmma.seq_lens = {300, 2049};
+  wgmma.heads = 64;
+  const std::vector<float> q_values = {0.25f, 2.0f, 0.75f, 1.25f};
+  const std::vector<float> k_values = {3.0f, 0.5f, 1.0f, 0.125f};
+  uint64_t stream = 30000;
+  for (const Case& c : {fp8, fp8_64, bf16_q, wgmma}) {
+    SCOPED_TRACE(c.name());
+    auto rng = test::make_rng(stream++);
+    const HostInputs in = make_inputs(c, rng);
+    const DeviceInputs d = upload(in);
+    const int64_t batch = c.batch();
+    const Tensor one_q = to_device(test::tensor_from({c.q_scale}, {1}, DType::kF32));
+    const Tensor one_k = to_device(test::tensor_from({c.k_scale}, {1}, DType::kF32));
+    const Tensor per_q = to_device(test::tensor_from(
+        std::vector<double>(q_values.begin(), q_values.begin() + batch), {batch}, DType::kF32));
+    const Tensor per_k = to_device(test::tensor_from(
+        std::vector<double>(k_values.begin(), k_values.begin() + batch), {batch}, DType::kF32));
+    for (int64_t parts : {0, 1, 3}) {
+      SCOPED_TRACE(testing::Message() << "parts " << parts);
+      const Results floats = run_gpu_scales(c, d, parts, std::nullopt, std::nullopt);
+      const Results ones = run_gpu_scales(c, d, parts, one_q.view(), one_k.view());
+      EXPECT_NO_THROW(ops::check_device_errors(Device::cuda(0)));
+      for (int64_t b = 0; b < batch; ++b) expect_request_bits(c, ones, floats, b);
+      const Results per = run_gpu_scales(c, d, parts, per_q.view(), per_k.view());
+      EXPECT_NO_THROW(ops::check_device_errors(Device::cuda(0)));
+      for (int64_t b = 0; b < batch; ++b) {
+        Case host = c;
+        host.q_scale = q_values[b];
+        host.k_scale = k_values[b];
+        expect_request_bits(c, per, run_gpu_scales(host, d, parts, std::nullopt, std::nullopt), b);
+      }
+    }
+  }
+}
+
+// A device scale value that is not finite and > 0: the rows of its request are NaN, the others
+// keep the float form's bits, check_device_errors names the scale tensors.
+TEST(MlaDecodeCuda, BadScaleTensorValueGivesNanRowsAndIsReported) {
+  MLAKIT_SKIP_WITHOUT_GPU();
+  Case c;
+  c.kv_dtype = KvCacheDType::kFp8E4m3;
+  c.q_dtype = DType::kFp8E4m3;
+  c.seq_lens = {500, 90, 2000};
+  auto rng = test::make_rng(30100);
+  const HostInputs in = make_inputs(c, rng);
+  const DeviceInputs d = upload(in);
+  const Results floats = run_gpu_scales(c, d, 0, std::nullopt, std::nullopt);
+  const int64_t rows = c.s_q * c.heads;
+  for (float bad : {std::nanf(""), 0.0f, -2.0f, std::numeric_limits<float>::infinity()}) {
+    for (int which = 0; which < 2; ++which) {  // request 1's q_scale, then its k_scale
+      SCOPED_TRACE(testing::Message() << bad << (which == 0 ? " q_scale" : " k_scale"));
+      const Tensor scales = to_device(test::tensor_from({1.0, bad, 1.0}, {3}, DType::kF32));
+      const Results r = which == 0 ? run_gpu_scales(c, d, 0, scales.view(), std::nullopt)
+                                   : run_gpu_scales(c, d, 0, std::nullopt, scales.view());
+      const std::vector<double> out = test::to_doubles(r.out), lse = test::to_doubles(r.lse);
+      for (int64_t i = rows * kRank; i < 2 * rows * kRank; ++i) ASSERT_TRUE(std::isnan(out[i]));
+      for (int64_t i = rows; i < 2 * rows; ++i) ASSERT_TRUE(std::isnan(lse[i]));
+      expect_request_bits(c, r, floats, 0);
+      expect_request_bits(c, r, floats, 2);
+      try {
+        ops::check_device_errors(Device::cuda(0));
+        ADD_FAILURE() << "the bad scale was not reported";
+      } catch (const Error& e) {
+        EXPECT_NE(std::string(e.what()).find("mla_decode: a q_scale or k_scale tensor held"),
+                  std::string::npos)
+            << e.what();
+      }
+    }
+  }
+}
+
+// One captured graph with per-request device scale tensors and device seq_lens: every replay after
+// new scale values and shorter or longer lengths are written matches the fp64 oracle on the values
+// scaled per request, and an eager run bit for bit.
+TEST(MlaDecodeCuda, GraphReplayFollowsNewScaleValuesAndLengths) {
+  MLAKIT_SKIP_WITHOUT_GPU();
+  Case c;
+  c.kv_dtype = KvCacheDType::kFp8E4m3;
+  c.q_dtype = DType::kFp8E4m3;
+  c.seq_lens = {2048, 1500, 64, 900};  // the table's extent; replays use prefixes of these
+  c.out_dtype = DType::kF32;
+  auto rng = test::make_rng(30200);
+  const HostInputs in = make_inputs(c, rng);  // scales 1: q_kernel / k_kernel are the codes
+  const DeviceInputs d = upload(in);
+  const int64_t batch = c.batch();
+  const DecodeSchedule s = schedule_for(c, d.block_table.view(), 0, false);
+  const Tensor ws =
+      device_nan({ops::mla_decode_workspace_elems(s, c.s_q, c.heads, kRank)}, DType::kF32);
+  const Tensor out = device_nan({batch, c.s_q, c.heads, kRank}, c.out_dtype);
+  const Tensor lse = device_nan({batch, c.s_q, c.heads}, DType::kF32);
+  const Tensor q_scales = Tensor::empty({batch}, DType::kF32, Device::cuda(0));
+  const Tensor k_scales = Tensor::empty({batch}, DType::kF32, Device::cuda(0));
+  ops::DecodeParams params = c.params();
+  params.q_scale_tensor = q_scales.view();
+  params.k_scale_tensor = k_scales.view();
+  cudaStream_t stream = nullptr;
+  cuda_ok(cudaStreamCreate(&stream), "cudaStreamCreate");
+  auto decode = [&] {
+    ops::mla_decode(d.q, d.cache, d.block_table, d.seq_lens, out, lse, params, s, ws,
+                    Stream{stream});
+  };
+  cudaGraph_t graph = nullptr;
+  cudaGraphExec_t exec = nullptr;
+  cuda_ok(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal), "begin capture");
+  decode();
+  cuda_ok(cudaStreamEndCapture(stream, &graph), "end capture (no host read, no allocation)");
+  cuda_ok(cudaGraphInstantiate(&exec, graph, 0), "instantiate");
+
+  const std::vector<std::vector<float>> q_rounds = {
+      {1.0f, 0.5f, 2.0f, 0.25f}, {3.0f, 3.0f, 0.125f, 1.5f}, {0.75f, 1.0f, 1.0f, 4.0f}};
+  const std::vector<std::vector<float>> k_rounds = {
+      {0.5f, 1.0f, 2.0f, 0.375f}, {1.25f, 0.0625f, 6.0f, 1.0f}, {2.0f, 2.0f, 0.5f, 0.5f}};
+  const std::vector<std::vector<int32_t>> len_rounds = {
+      {2048, 1500, 64, 900}, {1, 0, 64, 777}, {2000, 1499, 1, 0}};
+  const int64_t rows = c.s_q * c.heads;
+  for (size_t round = 0; round < q_rounds.size(); ++round) {
+    SCOPED_TRACE(testing::Message() << "round " << round);
+    const std::vector<float>& qs = q_rounds[round];
+    const std::vector<float>& ks = k_rounds[round];
+    Case now = c;
+    now.seq_lens = len_rounds[round];
+    cuda_ok(cudaMemcpy(q_scales.view().data, qs.data(), 4 * batch, cudaMemcpyHostToDevice), "qs");
+    cuda_ok(cudaMemcpy(k_scales.view().data, ks.data(), 4 * batch, cudaMemcpyHostToDevice), "ks");
+    cuda_ok(
+        cudaMemcpy(d.seq_lens.view().data, now.seq_lens.data(), 4 * batch, cudaMemcpyHostToDevice),
+        "lens");
+    cuda_ok(cudaGraphLaunch(exec, stream), "replay");
+    cuda_ok(cudaStreamSynchronize(stream), "replay sync");
+    const Tensor replay_out = to_host(out), replay_lse = to_host(lse);
+    std::vector<double> q = in.q_kernel;
+    std::vector<std::vector<double>> keys(batch);
+    for (int64_t b = 0; b < batch; ++b) {
+      for (int64_t i = 0; i < rows * kDim; ++i) q[b * rows * kDim + i] *= qs[b];
+      keys[b].assign(in.k_kernel[b].begin(), in.k_kernel[b].begin() + now.seq_lens[b] * kDim);
+      for (double& v : keys[b]) v *= ks[b];
+    }
+    const Expected want = reference(now, q, keys);
+    EXPECT_TRUE(test::all_close(replay_out.view(), want.out, out_tolerance(now))) << "out";
+    EXPECT_TRUE(test::all_close(replay_lse.view(), want.lse, kLseTolerance)) << "lse";
+    expect_eager_equals_replay(decode, stream, out, lse, replay_out, replay_lse);
+  }
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+  cudaStreamDestroy(stream);
 }
 
 // ---- varied lengths ----------------------------------------------------------------------------

@@ -22,6 +22,8 @@
 #include <cstring>
 #include <deque>
 #include <functional>
+#include <limits>
+#include <utility>
 #include <vector>
 
 using std::isnan;
@@ -496,7 +498,13 @@ struct Outputs {
 
 // The op's argument bundle, as src/ops/decode.cpp's validation builds it; outputs and workspace
 // start as NaN.
-Outputs run_emulated(const Case& c, const HostInputs& in, const Sched& sched) {
+// q_scale / k_scale as tensors (DecodeParams::q_scale_tensor): data nullptr takes the Case's.
+struct ScaleTensors {
+  DecodeScaleTensor q, k;
+};
+
+Outputs run_emulated(const Case& c, const HostInputs& in, const Sched& sched,
+                     const ScaleTensors& scales = {}) {
   Outputs o;
   o.out_storage = test::nan_tensor({c.batch(), c.s_q, c.heads, kRank + c.out_pad}, c.out_dtype);
   o.lse_storage = test::nan_tensor({c.batch(), c.s_q, c.heads + c.out_pad}, DType::kF32);
@@ -525,6 +533,13 @@ Outputs run_emulated(const Case& c, const HostInputs& in, const Sched& sched) {
   p.score_scale =
       kDeepSeekScale * (is_fp8(c.q_dtype) ? c.q_scale : 1.0f) * (fp8_values ? c.k_scale : 1.0f);
   p.value_scale = fp8_values ? c.k_scale : 1.0f;
+  p.q_scales = scales.q;
+  p.k_scales = scales.k;
+  p.softmax_scale = kDeepSeekScale;
+  p.q_scale = c.q_scale;
+  p.k_scale = c.k_scale;
+  p.q_scale_applies = is_fp8(c.q_dtype);
+  p.k_scale_applies = fp8_values;
   o.error_word = emulate(p, s);
   return o;
 }
@@ -1045,6 +1060,97 @@ TEST(MlaDecodeEmulated, SeqLenShorterThanTheQueriesGivesNanRows) {
     for (int64_t i = row; i < 2 * row; ++i) ASSERT_TRUE(std::isnan(lse[i])) << i;
     const std::vector<double> want(ref.out.begin(), ref.out.begin() + row * kRank);
     EXPECT_TRUE(test::all_close(o.out.narrow(0, 0, 1), want, out_tolerance(c)));
+  }
+}
+
+// Scale tensors read by the kernel (make_work_item): with one value per request, request b's rows
+// are bitwise those of the host-scale launch with (q_scales[b], k_scales[b]) (which the tests
+// above check against the oracle), for raw e4m3 tiles and the converting path, 16- and 64-row
+// CTAs, split and whole requests. A value that is not finite and > 0 makes its request's rows NaN
+// and sets kDecodeBadScale; the other requests keep their bits.
+// An fp8 q over an fp8_e4m3 cache (raw e4m3 tiles), f32 out.
+Case fp8_case(std::vector<int32_t> seq_lens, int64_t block_size) {
+  Case c;
+  c.kv_dtype = KvCacheDType::kFp8E4m3;
+  c.q_dtype = DType::kFp8E4m3;
+  c.seq_lens = std::move(seq_lens);
+  c.block_size = block_size;
+  c.out_dtype = DType::kF32;
+  return c;
+}
+
+TEST(MlaDecodeEmulated, PerRequestScaleTensorsEqualTheHostScalesBitwise) {
+  const float q_scales[] = {0.5f, 2.0f, 0.25f};
+  const float k_scales[] = {1.5f, 0.75f, 3.0f};
+  const Case fp8 = fp8_case({130, 0, 70}, 32);
+  Case rows64 = fp8;
+  rows64.heads = 64;
+  Case bf16_q = fp8;  // q_scale does not apply: read, checked, not multiplied
+  bf16_q.q_dtype = DType::kBF16;
+  uint64_t stream = 800;
+  for (const Case& c : {fp8, rows64, bf16_q}) {
+    SCOPED_TRACE(c.name());
+    auto rng = test::make_rng(stream++);
+    const HostInputs in = make_inputs(c, rng);
+    const int64_t rows = c.s_q * c.heads;
+    for (const Sched& sched : std::vector<Sched>{{1}, {3}}) {
+      SCOPED_TRACE(testing::Message() << "parts " << sched.parts);
+      const Outputs tensor = run_emulated(c, in, sched, {{q_scales, 1}, {k_scales, 1}});
+      EXPECT_EQ(tensor.error_word, 0u);
+      for (int64_t b = 0; b < c.batch(); ++b) {
+        Case host = c;
+        host.q_scale = q_scales[b];
+        host.k_scale = k_scales[b];
+        const Outputs want = run_emulated(host, in, sched);
+        const std::vector<double> got_out = test::to_doubles(tensor.out.narrow(0, b, 1));
+        const std::vector<double> want_out = test::to_doubles(want.out.narrow(0, b, 1));
+        const std::vector<double> got_lse = test::to_doubles(tensor.lse.narrow(0, b, 1));
+        const std::vector<double> want_lse = test::to_doubles(want.lse.narrow(0, b, 1));
+        ASSERT_EQ(got_out.size(), static_cast<size_t>(rows * kRank));
+        for (size_t i = 0; i < got_out.size(); ++i) {
+          ASSERT_EQ(got_out[i], want_out[i]) << "request " << b << " element " << i;
+        }
+        for (size_t i = 0; i < got_lse.size(); ++i) {
+          ASSERT_EQ(got_lse[i], want_lse[i]) << "request " << b << " row " << i;
+        }
+      }
+      // One value for all requests (stride 0), the other scale from the host float.
+      Case host = c;
+      host.q_scale = q_scales[1];
+      const Outputs one = run_emulated(c, in, sched, {{q_scales + 1, 0}, {}});
+      const Outputs want = run_emulated(host, in, sched);
+      const std::vector<double> a = test::to_doubles(one.out), w = test::to_doubles(want.out);
+      for (size_t i = 0; i < a.size(); ++i) ASSERT_EQ(a[i], w[i]) << "one value, element " << i;
+    }
+  }
+}
+
+TEST(MlaDecodeEmulated, BadScaleTensorValueGivesNanRowsOfItsRequest) {
+  const Case c = fp8_case({90, 40, 33}, 16);
+  auto rng = test::make_rng(820);
+  const HostInputs in = make_inputs(c, rng);
+  const Expected ref = reference(c, in.q_kernel, in.k_kernel);
+  const int64_t row = c.s_q * c.heads;
+  for (float bad : {std::nanf(""), 0.0f, -1.0f, std::numeric_limits<float>::infinity()}) {
+    const float q_scales[] = {c.q_scale, bad, c.q_scale};
+    const float k_scales[] = {c.k_scale, c.k_scale, bad};
+    for (int which = 0; which < 2; ++which) {  // request 1's q_scale, request 2's k_scale
+      SCOPED_TRACE(testing::Message() << "bad " << bad << (which ? " k_scale" : " q_scale"));
+      const Outputs o = run_emulated(
+          c, in, {2},
+          which == 0 ? ScaleTensors{{q_scales, 1}, {}} : ScaleTensors{{}, {k_scales, 1}});
+      EXPECT_EQ(o.error_word, uint32_t{cuda::kDecodeBadScale});
+      const int64_t nan_request = which == 0 ? 1 : 2;
+      const std::vector<double> out = test::to_doubles(o.out), lse = test::to_doubles(o.lse);
+      for (int64_t i = nan_request * row * kRank; i < (nan_request + 1) * row * kRank; ++i) {
+        ASSERT_TRUE(std::isnan(out[i])) << i;
+      }
+      for (int64_t i = nan_request * row; i < (nan_request + 1) * row; ++i) {
+        ASSERT_TRUE(std::isnan(lse[i])) << i;
+      }
+      const std::vector<double> want(ref.out.begin(), ref.out.begin() + row * kRank);
+      EXPECT_TRUE(test::all_close(o.out.narrow(0, 0, 1), want, out_tolerance(c)));
+    }
   }
 }
 

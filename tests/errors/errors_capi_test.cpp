@@ -59,12 +59,19 @@ mlakit_status_t create_attention(const Materialized& m) {
   return status;
 }
 
-mlakit_status_t decode(const Materialized& m) {
+// mlakit_mla_decode(_scheduled); tensor_scales: their _tensor_scale entries (q_scale and k_scale
+// tensors, mla_decode_tensor_scale's table).
+mlakit_status_t decode(const Materialized& m, bool tensor_scales) {
   const int64_t rank = m.integer("kv_lora_rank");
   const float scale = static_cast<float>(m.number("scale"));
-  const float q_scale = static_cast<float>(m.number("q_scale"));
-  const float k_scale = static_cast<float>(m.number("k_scale"));
+  const float q_scale = tensor_scales ? 1.0f : static_cast<float>(m.number("q_scale"));
+  const float k_scale = tensor_scales ? 1.0f : static_cast<float>(m.number("k_scale"));
   if (m.text("form") == "host") {
+    if (tensor_scales) {
+      return mlakit_mla_decode_tensor_scale(m.dl("q"), m.dl("kv_cache"), m.dl("block_table"),
+                                            m.dl("seq_lens"), m.dl("out"), m.dl("lse"), rank, scale,
+                                            kv_cache_dtype(m), m.dl("q_scale"), m.dl("k_scale"));
+    }
     return mlakit_mla_decode(m.dl("q"), m.dl("kv_cache"), m.dl("block_table"), m.dl("seq_lens"),
                              m.dl("out"), m.dl("lse"), rank, scale, kv_cache_dtype(m), q_scale,
                              k_scale);
@@ -75,9 +82,15 @@ mlakit_status_t decode(const Materialized& m) {
                                                      m.integer("schedule_block_size"),
                                                      m.integer("num_workers"), &schedule);
   if (status != MLAKIT_OK) return status;
-  status = mlakit_mla_decode_scheduled(
-      m.dl("q"), m.dl("kv_cache"), m.dl("block_table"), m.dl("seq_lens"), m.dl("out"), m.dl("lse"),
-      rank, scale, kv_cache_dtype(m), q_scale, k_scale, schedule, m.dl("split_workspace"), nullptr);
+  status = tensor_scales
+               ? mlakit_mla_decode_scheduled_tensor_scale(
+                     m.dl("q"), m.dl("kv_cache"), m.dl("block_table"), m.dl("seq_lens"),
+                     m.dl("out"), m.dl("lse"), rank, scale, kv_cache_dtype(m), m.dl("q_scale"),
+                     m.dl("k_scale"), schedule, m.dl("split_workspace"), nullptr)
+               : mlakit_mla_decode_scheduled(m.dl("q"), m.dl("kv_cache"), m.dl("block_table"),
+                                             m.dl("seq_lens"), m.dl("out"), m.dl("lse"), rank,
+                                             scale, kv_cache_dtype(m), q_scale, k_scale, schedule,
+                                             m.dl("split_workspace"), nullptr);
   mlakit_decode_schedule_destroy(schedule);
   return status;
 }
@@ -125,7 +138,9 @@ mlakit_status_t call(const std::string& op, const Materialized& m) {
     return mlakit_scaled_fp8_quant(m.dl("input"), m.dl("out"),
                                    static_cast<float>(m.number("scale")), nullptr);
   }
-  if (op == "mla_decode") return decode(m);
+  if (op == "mla_decode" || op == "mla_decode_tensor_scale") {
+    return decode(m, op == "mla_decode_tensor_scale");
+  }
   if (op == "mla_prefill") {
     return mlakit_mla_prefill(m.dl("q"), m.dl("k_nope"), m.dl("k_pe"), m.dl("v"),
                               m.dl("cu_seqlens_q"), m.dl("cu_seqlens_k"), m.integer("max_seqlen_q"),

@@ -35,13 +35,20 @@ MlaDims dims_of(const Materialized& m) {
   return d;
 }
 
-void decode(const Materialized& m) {
+// mla_decode; tensor_scales: q_scale and k_scale are tensors (mla_decode_tensor_scale's table).
+void decode(const Materialized& m, bool tensor_scales) {
   ops::DecodeParams p;
   p.scale = static_cast<float>(m.number("scale"));
   p.kv_dtype = kv_cache_dtype(m);
-  p.q_scale = static_cast<float>(m.number("q_scale"));
-  p.k_scale = static_cast<float>(m.number("k_scale"));
+  if (!tensor_scales) {
+    p.q_scale = static_cast<float>(m.number("q_scale"));
+    p.k_scale = static_cast<float>(m.number("k_scale"));
+  }
   p.kv_lora_rank = m.integer("kv_lora_rank");
+  if (tensor_scales) {
+    p.q_scale_tensor = m.optional_view("q_scale");
+    p.k_scale_tensor = m.optional_view("k_scale");
+  }
   if (m.text("form") == "host") {
     ops::mla_decode(m.view("q"), m.view("kv_cache"), m.view("block_table"), m.view("seq_lens"),
                     m.view("out"), m.view("lse"), p);
@@ -100,8 +107,8 @@ void call(const std::string& op, const Materialized& m) {
                            m.view("prefix_lse"), m.view("suffix_output"), m.view("suffix_lse"));
   } else if (op == "scaled_fp8_quant") {
     ops::scaled_fp8_quant(m.view("input"), m.view("out"), static_cast<float>(m.number("scale")));
-  } else if (op == "mla_decode") {
-    decode(m);
+  } else if (op == "mla_decode" || op == "mla_decode_tensor_scale") {
+    decode(m, op == "mla_decode_tensor_scale");
   } else if (op == "mla_prefill") {
     ops::mla_prefill(m.view("q"), m.view("k_nope"), m.view("k_pe"), m.view("v"),
                      m.view("cu_seqlens_q"), m.view("cu_seqlens_k"), m.integer("max_seqlen_q"),

@@ -25,9 +25,9 @@ finite and > 0 gives NaN outputs and is reported by mlakit.check_device_errors. 
 CUDA-graph safe with CUDA tensors (no host read, no synchronisation): concat_and_cache_mla,
 gather_and_maybe_dequant_cache, cp_gather_cache, merge_attn_states (also with output_scale, and
 prefill_tokens_with_context as an int), scaled_fp8_quant (static, dynamic per-tensor and dynamic
-per-token). Not yet: cp_gather_and_upconvert_fp8_kv_cache reads seq_lens / workspace_starts on the
-host (a synchronisation for CUDA tensors). The CUDA paths are tested on a GPU by
-python/tests/test_compat_vllm_cuda.py (skipped without one); none has run under torch.compile.
+per-token), cp_gather_and_upconvert_fp8_kv_cache (seq_lens / workspace_starts turned into a
+gather on the device). The CUDA paths are tested on a GPU by python/tests/test_compat_vllm_cuda.py
+(skipped without one); none has run under torch.compile.
 """
 
 import torch
@@ -92,7 +92,7 @@ def cp_gather_and_upconvert_fp8_kv_cache(src_cache, dst, block_table, seq_lens,
                                          workspace_starts, batch_size):
     """vLLM's ``cp_gather_and_upconvert_fp8_kv_cache``: request b's first seq_lens[b] entries of
     an fp8_ds_mla cache, dequantized to bf16, go to dst rows
-    [workspace_starts[b], workspace_starts[b] + seq_lens[b]). Other rows are not written.
+    [workspace_starts[b], workspace_starts[b] + seq_lens[b]). Other rows keep their values.
 
     An fp8_ds_mla entry is 656 bytes: 512 e4m3 latent codes, four f32 scales (one per 128 codes),
     64 rope values in bf16. Its dst row is [code * tile scale (f32, then rounded to bf16) | rope
@@ -100,8 +100,12 @@ def cp_gather_and_upconvert_fp8_kv_cache(src_cache, dst, block_table, seq_lens,
 
     src_cache: uint8 (or float8_e4m3fn) [num_blocks, block_size, 656]; dst: bf16 [rows, 576]
     (written); block_table: int32 [>= batch_size, max_blocks]; seq_lens, workspace_starts:
-    integer [>= batch_size]. seq_lens and workspace_starts are read on the host (free on CPU; a
-    synchronisation for CUDA tensors, so this one is not CUDA-graph safe yet)."""
+    integer [>= batch_size]. The requests' row ranges must not overlap. For CUDA tensors
+    seq_lens and workspace_starts are never read on the host: every dst row finds its request
+    with device tensor ops, the entries are gathered into a staging buffer of dst's rows and
+    merged into dst (torch.where), so the call is CUDA-graph safe (it moves about three times
+    dst's bytes); a row range reaching past dst is cut at its end. CPU tensors are checked on
+    the host first: such a range raises ValueError."""
     op = "vllm.cp_gather_and_upconvert_fp8_kv_cache"
     require_ndim(op, "src_cache", src_cache, 3, "[num_blocks, block_size, 656]")
     require_dtype(op, "src_cache", src_cache, (torch.uint8, FP8_DTYPE))
@@ -113,6 +117,39 @@ def cp_gather_and_upconvert_fp8_kv_cache(src_cache, dst, block_table, seq_lens,
     if dst.shape[1] != DS_MLA_HEAD_DIM:
         fail(op, f"dst rows must have {DS_MLA_HEAD_DIM} values, got {dst.shape[1]}")
     batch = int(batch_size)
+    for name, t in (("seq_lens", seq_lens), ("workspace_starts", workspace_starts)):
+        require_ndim(op, name, t, 1, "[>= batch_size]")
+        if t.dtype.is_floating_point or t.dtype.is_complex:
+            fail(op, f"{name} must hold integers, got {t.dtype}", TypeError)
+        if t.shape[0] < batch:
+            fail(op, f"{name} needs at least {batch} entries, got {t.shape[0]}")
+    if src_cache.device.type != "cuda":  # the host may read them: report bad ranges
+        _check_upconvert_rows(op, dst, seq_lens, workspace_starts, batch)
+    rows, num_blocks, block_size = dst.shape[0], src_cache.shape[0], src_cache.shape[1]
+    if batch == 0 or rows == 0 or num_blocks == 0 or block_table.shape[1] == 0:
+        return  # no entry to gather (a request claiming some anyway names no block it could)
+    request, position, valid = _rows_to_requests(seq_lens[:batch], workspace_starts[:batch],
+                                                 rows)
+    # Every dst row its own one-token request of the gather: block_table row t holds the block of
+    # the entry row t takes, seq_starts[t] its slot in that block. Rows no request covers read
+    # slot 0 of block 0, and their staged values are dropped below.
+    width = block_table.shape[1]
+    column = torch.div(position, block_size, rounding_mode="floor").clamp(0, width - 1)
+    block = torch.where(valid, block_table[request, column].long(), 0)
+    slot = torch.where(valid, position % block_size, 0)
+    device = dst.device
+    staged = torch.full((rows, DS_MLA_HEAD_DIM), float("nan"), dtype=torch.bfloat16,
+                        device=device)
+    one_per_row = torch.arange(rows + 1, dtype=torch.int32, device=device)
+    _ops.gather_and_maybe_dequant_cache(src_cache.view(torch.uint8), staged,
+                                        block.to(torch.int32).unsqueeze(1), one_per_row,
+                                        one_per_row[:rows], rows, "fp8_ds_mla", 1.0,
+                                        slot.to(torch.int32))
+    dst.copy_(torch.where(valid[:, None], staged, dst))
+
+
+def _check_upconvert_rows(op, dst, seq_lens, workspace_starts, batch):
+    """Host check (CPU tensors) that each request's rows lie inside dst."""
     lens = host_ints(seq_lens, op, "seq_lens", batch)
     starts = host_ints(workspace_starts, op, "workspace_starts", batch)
     for b in range(batch):
@@ -120,34 +157,21 @@ def cp_gather_and_upconvert_fp8_kv_cache(src_cache, dst, block_table, seq_lens,
         if lens[b] < 0 or (lens[b] > 0 and not inside):
             fail(op, f"request {b}: rows [{starts[b]}, {starts[b] + lens[b]}) are not inside the "
                      f"{dst.shape[0]} rows of dst")
-    total = sum(lens)
-    if total == 0:
-        return
-    cache = src_cache.view(torch.uint8)
-    cu = _exclusive_cumsum(lens)
-    device = src_cache.device
-    cu_t = torch.tensor(cu, dtype=torch.int32, device=device)
-    token_to_seq = torch.tensor([b for b in range(batch) for _ in range(lens[b])],
-                                dtype=torch.int32, device=device)
-    offsets = {starts[b] - cu[b] for b in range(batch) if lens[b]}
-    if len(offsets) == 1:  # the requests' rows lie back to back: one gather straight into dst
-        first = offsets.pop()
-        _ops.gather_and_maybe_dequant_cache(cache, dst[first:first + total], block_table, cu_t,
-                                            token_to_seq, total, "fp8_ds_mla", 1.0)
-        return
-    staged = torch.empty((total, DS_MLA_HEAD_DIM), dtype=torch.bfloat16, device=dst.device)
-    _ops.gather_and_maybe_dequant_cache(cache, staged, block_table, cu_t, token_to_seq, total,
-                                        "fp8_ds_mla", 1.0)
-    for b in range(batch):
-        dst[starts[b]:starts[b] + lens[b]].copy_(staged[cu[b]:cu[b] + lens[b]])
 
 
-def _exclusive_cumsum(lens):
-    """[0, lens[0], lens[0] + lens[1], ...]: the cu_seq_lens of the gather (len(lens) + 1)."""
-    cu = [0]
-    for n in lens:
-        cu.append(cu[-1] + n)
-    return cu
+def _rows_to_requests(lens, starts, rows):
+    """For each of `rows` dst rows t, with device tensor ops only: the request b whose rows
+    [starts[b], starts[b] + lens[b]) hold t, the position t - starts[b] in it, and whether any
+    request holds t. The requests are sorted by start (a non-empty one after an empty one of the
+    same start); a row's request is the last one starting at or before it."""
+    lens, starts = lens.long(), starts.long()
+    order = torch.argsort(starts * 2 + (lens > 0), stable=True)
+    t = torch.arange(rows, device=starts.device)
+    index = torch.searchsorted(starts[order].contiguous(), t, right=True) - 1
+    request = order[index.clamp_min(0)]
+    position = t - starts[request]
+    valid = (index >= 0) & (position < lens[request])
+    return request, position, valid
 
 
 # ---- Attention pieces ----------------------------------------------------------------------------

@@ -78,6 +78,9 @@ constexpr BitMessage kMessages[] = {
      "reciprocal, or dynamic_scaled_fp8_quant's scale amax(|input|) / 448 had none (input held "
      "inf or NaN, or only magnitudes below ~1.3e-36) (out of that call was written as NaN "
      "codes)"},
+    {kDecodeBadScale,
+     "mla_decode: a q_scale or k_scale tensor held a value that is not finite and > 0 (the rows "
+     "of the requests it scales are NaN)"},
 };
 
 struct Symbols {

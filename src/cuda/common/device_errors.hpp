@@ -35,6 +35,7 @@ enum DeviceErrorBit : uint32_t {
   kConcatBadScale = 1u << 15,  // concat_and_cache_mla's scale tensor (fp8_e4m3)
   kGatherBadScale = 1u << 16,  // gather_and_maybe_dequant_cache's scale tensor (fp8_e4m3)
   kQuantBadScale = 1u << 17,   // scaled_fp8_quant's scale, or a dynamic scale of inf/NaN input
+  kDecodeBadScale = 1u << 18,  // mla_decode's q_scale / k_scale tensor
 };
 
 // Device address of the error word of the current device (a __device__ variable; no allocation).

@@ -290,7 +290,7 @@ __device__ __forceinline__ void decode_segment(const DecodeKernelParams& p, cons
 #pragma unroll
         for (int c = 1; c < Cfg::kScoreChains; ++c) v += acc[c][nt][e];
         const int pos = tile_start + key_group * Cfg::kKeysPerWarp + nt * 8 + 2 * tq + (e & 1);
-        v = pos < row_end[e >> 1] ? v * p.score_scale_log2 : -INFINITY;
+        v = pos < row_end[e >> 1] ? v * w.score_scale_log2 : -INFINITY;
         s[nt][e] = v;
         tile_max[e >> 1] = fmaxf(tile_max[e >> 1], v);
       }

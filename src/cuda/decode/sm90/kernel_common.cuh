@@ -52,7 +52,40 @@ struct WorkItem {
   int num_tiles;
   int seq_len;
   bool bad_seq_len;
+  // The request's factors (DecodeKernelParams: the launch's, or from its scale tensors): scores
+  // are multiplied by score_scale_log2, finished rows by value_scale. A scale tensor value that is
+  // not finite and > 0 makes both NaN (bad_scale), and so the rows of the segment.
+  float score_scale_log2;
+  float value_scale;
+  bool bad_scale;
 };
+
+// True for a scale the float form accepts: finite and > 0 (NaN fails both comparisons).
+__device__ __forceinline__ bool decode_scale_usable(float scale) {
+  return scale > 0.0f && scale <= 3.402823466e38f;  // FLT_MAX: the largest finite f32
+}
+
+// Sets w's factors for request w.batch_index: the launch's (host scales), or, with scale
+// tensors, softmax scale * q_scale * k_scale (where they apply, in that order, as the host computes
+// the launch's) * log2(e) and k_scale. One thread records a bad value in the error word.
+__device__ __forceinline__ void set_request_scales(const DecodeKernelParams& p, WorkItem& w) {
+  w.score_scale_log2 = p.score_scale_log2;
+  w.value_scale = p.value_scale;
+  w.bad_scale = false;
+  if (p.q_scales == nullptr && p.k_scales == nullptr) return;
+  const float q = p.q_scales != nullptr ? p.q_scales[w.batch_index * p.q_scales_stride] : p.q_scale;
+  const float k = p.k_scales != nullptr ? p.k_scales[w.batch_index * p.k_scales_stride] : p.k_scale;
+  w.bad_scale = !decode_scale_usable(q) || !decode_scale_usable(k);
+  if (w.bad_scale) {
+    if (threadIdx.x == 0) report_device_error(p.error_word, kDecodeBadScale);
+    w.score_scale_log2 = w.value_scale = NAN;
+    return;
+  }
+  const float score_scale =
+      p.softmax_scale * (p.q_scale_applies ? q : 1.0f) * (p.k_scale_applies ? k : 1.0f);
+  w.score_scale_log2 = score_scale * kLog2e;
+  w.value_scale = p.k_scale_applies ? k : 1.0f;
+}
 
 // Segment `segment` of the plan for the CTA's row tile starting at row0.
 template <class Cfg>
@@ -74,6 +107,7 @@ __device__ __forceinline__ WorkItem make_work_item(const DecodeKernelParams& p, 
   w.cta_end =
       min(w.key_end, visible_end(w.seq_len, p.s_q, fast_divmod(last_row, p.heads_div).quotient));
   w.num_tiles = w.cta_end > w.key_begin ? (w.cta_end - w.key_begin + kBlockN - 1) / kBlockN : 0;
+  set_request_scales(p, w);
   return w;
 }
 
@@ -437,7 +471,7 @@ struct RowSink {
   void* base;
   int64_t offset;  // element offset of column 0 in base
   RuntimeDType dtype;
-  float inv;  // value_scale / row sum (0 for a row without keys, NaN for a bad CTA)
+  float inv;  // value_scale / row sum (0 for a row without keys, NaN for a bad CTA or scale)
 };
 
 // Whether a finished row with row sum `l` has values to write: a row without keys (l = 0) of a
@@ -451,10 +485,10 @@ __device__ __forceinline__ bool row_has_values(float l, bool bad) {
 __device__ __forceinline__ RowSink finish_row(const DecodeKernelParams& p, const WorkItem& w,
                                               int row, float l, float m, bool bad, bool write_lse) {
   float inv, lse;
-  if (bad) {
+  if (bad || w.bad_scale) {
     inv = lse = NAN;
   } else if (row_has_values(l, bad)) {  // a NaN cache value makes l NaN: out and lse NaN
-    inv = p.value_scale / l;
+    inv = w.value_scale / l;
     lse = (m + __log2f(l)) * kLn2;
   } else {
     inv = 0.0f;  // no visible key: out 0, lse -inf

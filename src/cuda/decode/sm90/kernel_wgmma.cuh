@@ -265,7 +265,7 @@ __device__ __forceinline__ void decode_segment_wgmma(const DecodeKernelParams& p
         CUTE_UNROLL
         for (int j = 0; j < size<1>(s); ++j) {
           const int pos = tile_start + get<1>(s_coord(h, j));
-          const float v = pos < row_end[h] ? s(h, j) * p.score_scale_log2 : -INFINITY;
+          const float v = pos < row_end[h] ? s(h, j) * w.score_scale_log2 : -INFINITY;
           s(h, j) = v;
           tile_max = fmaxf(tile_max, v);
         }

@@ -162,6 +162,15 @@ DecodeKernelParams make_params(const DecodeProblem& pr, const DecodeSchedule& sc
   constexpr float kLog2e = 1.4426950408889634f;
   k.score_scale_log2 = pr.score_scale * kLog2e;
   k.value_scale = pr.value_scale;
+  k.q_scales = pr.q_scales.data;
+  k.q_scales_stride = pr.q_scales.stride;
+  k.k_scales = pr.k_scales.data;
+  k.k_scales_stride = pr.k_scales.stride;
+  k.softmax_scale = pr.softmax_scale;
+  k.q_scale = pr.q_scale;
+  k.k_scale = pr.k_scale;
+  k.q_scale_applies = pr.q_scale_applies;
+  k.k_scale_applies = pr.k_scale_applies;
   return k;
 }
 

@@ -64,9 +64,21 @@ struct DecodeKernelParams {
 
   float score_scale_log2;  // softmax scale * q_scale (fp8 q) * k_scale (fp8_e4m3) * log2(e)
   float value_scale;       // k_scale for fp8_e4m3 caches, else 1
+  // q_scale / k_scale as tensors (mla_decode's tensor form; nullptr: the host float below): request
+  // b's value at [b * stride] (stride 0: one for all). With either set, make_work_item computes
+  // the two factors above per request from softmax_scale and the scales (WorkItem).
+  const float* q_scales;  // f32 [1] or [B]
+  int64_t q_scales_stride;
+  const float* k_scales;  // f32 [1] or [B]
+  int64_t k_scales_stride;
+  float softmax_scale;
+  float q_scale, k_scale;  // host values, used where the tensor is nullptr
+  bool q_scale_applies;    // q is fp8: scores * q_scale
+  bool k_scale_applies;    // fp8_e4m3 cache: scores and values * k_scale
 
   // Per-device error word (cuda/common/device_errors.hpp): a CTA that met a bad seq_len or block
-  // id sets kDecodeBadIndex (besides writing NaN rows).
+  // id sets kDecodeBadIndex, one that read a scale tensor value that is not finite and > 0
+  // kDecodeBadScale (besides writing NaN rows).
   uint32_t* error_word;
 };
 
