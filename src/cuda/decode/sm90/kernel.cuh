@@ -247,6 +247,7 @@ __device__ __forceinline__ void decode_segment(const DecodeKernelParams& p, cons
     }
   }
 
+  const float score_scale_log2 = score_factor<Cfg>(p, w);
   for (int t = 0; t < w.num_tiles; ++t) {
     cp_async_wait<Cfg::kTilesAhead - 1>();  // this thread's copies of tile t have landed
     __syncthreads();  // everyone's have; tile t - 1 is no longer read by anyone
@@ -290,7 +291,7 @@ __device__ __forceinline__ void decode_segment(const DecodeKernelParams& p, cons
 #pragma unroll
         for (int c = 1; c < Cfg::kScoreChains; ++c) v += acc[c][nt][e];
         const int pos = tile_start + key_group * Cfg::kKeysPerWarp + nt * 8 + 2 * tq + (e & 1);
-        v = pos < row_end[e >> 1] ? v * w.score_scale_log2 : -INFINITY;
+        v = pos < row_end[e >> 1] ? v * score_scale_log2 : -INFINITY;
         s[nt][e] = v;
         tile_max[e >> 1] = fmaxf(tile_max[e >> 1], v);
       }
@@ -354,6 +355,8 @@ __device__ __forceinline__ void decode_segment(const DecodeKernelParams& p, cons
     if (tq == 0 && key_group == 0) max_final[score_row[h]] = m_run[h];
   }
   bad = cta_saw_bad_index(p, bad);
+  const RequestScales scales = epilogue_scales(p, w);
+  bad = bad || scales.bad;
 
 #pragma unroll
   for (int mt = 0; mt < Cfg::kRowTiles; ++mt) {
@@ -366,7 +369,7 @@ __device__ __forceinline__ void decode_segment(const DecodeKernelParams& p, cons
 #pragma unroll
       for (int k = 0; k < Cfg::kKeyGroups; ++k) l += row_sum_part[k * Cfg::kBlockM + local_row];
       const RowSink sink =
-          finish_row(p, w, row, l, max_final[local_row], bad, warp == 0 && tq == 0);
+          finish_row(p, w, row, l, max_final[local_row], bad, scales.value, warp == 0 && tq == 0);
       if (sink.base == nullptr) continue;
       with_pair_store(sink.dtype, [&](auto store) {
         const int64_t slab = sink.offset + warp * Cfg::kColsPerWarp;

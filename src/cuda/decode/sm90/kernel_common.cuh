@@ -52,12 +52,6 @@ struct WorkItem {
   int num_tiles;
   int seq_len;
   bool bad_seq_len;
-  // The request's factors (DecodeKernelParams: the launch's, or from its scale tensors): scores
-  // are multiplied by score_scale_log2, finished rows by value_scale. A scale tensor value that is
-  // not finite and > 0 makes both NaN (bad_scale), and so the rows of the segment.
-  float score_scale_log2;
-  float value_scale;
-  bool bad_scale;
 };
 
 // True for a scale the float form accepts: finite and > 0 (NaN fails both comparisons).
@@ -65,26 +59,53 @@ __device__ __forceinline__ bool decode_scale_usable(float scale) {
   return scale > 0.0f && scale <= 3.402823466e38f;  // FLT_MAX: the largest finite f32
 }
 
-// Sets w's factors for request w.batch_index: the launch's (host scales), or, with scale
-// tensors, softmax scale * q_scale * k_scale (where they apply, in that order, as the host computes
-// the launch's) * log2(e) and k_scale. One thread records a bad value in the error word.
-__device__ __forceinline__ void set_request_scales(const DecodeKernelParams& p, WorkItem& w) {
-  w.score_scale_log2 = p.score_scale_log2;
-  w.value_scale = p.value_scale;
-  w.bad_scale = false;
-  if (p.q_scales == nullptr && p.k_scales == nullptr) return;
-  const float q = p.q_scales != nullptr ? p.q_scales[w.batch_index * p.q_scales_stride] : p.q_scale;
-  const float k = p.k_scales != nullptr ? p.k_scales[w.batch_index * p.k_scales_stride] : p.k_scale;
-  w.bad_scale = !decode_scale_usable(q) || !decode_scale_usable(k);
-  if (w.bad_scale) {
-    if (threadIdx.x == 0) report_device_error(p.error_word, kDecodeBadScale);
-    w.score_scale_log2 = w.value_scale = NAN;
-    return;
+// A request's factors (DecodeKernelParams: the launch's, or from its scale tensors): scores are
+// multiplied by score_log2, finished rows by value. A scale tensor value that is not finite and
+// > 0 makes both NaN (bad), and so the request's rows. Not kept in WorkItem: a segment computes
+// them when it needs them (registers are short in the tile loops; the M16 kernel spilled with
+// them).
+struct RequestScales {
+  float score_log2;
+  float value;
+  bool bad;
+};
+
+// The factors of request `batch_index`: the launch's (host scales), or, with scale tensors,
+// softmax scale * q_scale * k_scale (where they apply, in that order, as the host computes the
+// launch's) * log2(e) and k_scale.
+__device__ __forceinline__ RequestScales request_scales(const DecodeKernelParams& p,
+                                                        int batch_index) {
+  if (p.q_scales == nullptr && p.k_scales == nullptr) {
+    return {p.score_scale_log2, p.value_scale, false};
   }
+  const float q = p.q_scales != nullptr ? p.q_scales[batch_index * p.q_scales_stride] : p.q_scale;
+  const float k = p.k_scales != nullptr ? p.k_scales[batch_index * p.k_scales_stride] : p.k_scale;
+  if (!decode_scale_usable(q) || !decode_scale_usable(k)) return {NAN, NAN, true};
   const float score_scale =
       p.softmax_scale * (p.q_scale_applies ? q : 1.0f) * (p.k_scale_applies ? k : 1.0f);
-  w.score_scale_log2 = score_scale * kLog2e;
-  w.value_scale = p.k_scale_applies ? k : 1.0f;
+  return {score_scale * kLog2e, p.k_scale_applies ? k : 1.0f, false};
+}
+
+// The factor of a segment's scores (log2 units), read before its tile loop. Over a native cache
+// neither q_scale (an fp8 q needs an fp8 cache) nor k_scale (fp8_e4m3 only) applies, so the factor
+// is the launch's, an operand from the constant bank that holds no register; a bad scale tensor
+// value still makes the rows NaN, through the epilogue's request_scales.
+template <class Cfg>
+__device__ __forceinline__ float score_factor(const DecodeKernelParams& p, const WorkItem& w) {
+  if constexpr (Cfg::kFormat == CacheFormat::kNative) {
+    return p.score_scale_log2;
+  } else {
+    return request_scales(p, w.batch_index).score_log2;
+  }
+}
+
+// The epilogue's factors of the segment's request; one thread records a bad value in the error
+// word.
+__device__ __forceinline__ RequestScales epilogue_scales(const DecodeKernelParams& p,
+                                                         const WorkItem& w) {
+  const RequestScales scales = request_scales(p, w.batch_index);
+  if (scales.bad && threadIdx.x == 0) report_device_error(p.error_word, kDecodeBadScale);
+  return scales;
 }
 
 // Segment `segment` of the plan for the CTA's row tile starting at row0.
@@ -107,7 +128,6 @@ __device__ __forceinline__ WorkItem make_work_item(const DecodeKernelParams& p, 
   w.cta_end =
       min(w.key_end, visible_end(w.seq_len, p.s_q, fast_divmod(last_row, p.heads_div).quotient));
   w.num_tiles = w.cta_end > w.key_begin ? (w.cta_end - w.key_begin + kBlockN - 1) / kBlockN : 0;
-  set_request_scales(p, w);
   return w;
 }
 
@@ -480,15 +500,17 @@ __device__ __forceinline__ bool row_has_values(float l, bool bad) {
   return bad || l > 0.0f || isnan(l);
 }
 
-// Finishes row `row` (< p.rows) of the CTA from its row sum `l` and max `m` (log2 units): writes
-// its LSE when `write_lse` (one thread per row), returns where its values go.
+// Finishes row `row` (< p.rows) of the CTA from its row sum `l` and max `m` (log2 units), `bad`
+// (a bad index or scale: NaN rows) and the request's value factor: writes its LSE when `write_lse`
+// (one thread per row), returns where its values go.
 __device__ __forceinline__ RowSink finish_row(const DecodeKernelParams& p, const WorkItem& w,
-                                              int row, float l, float m, bool bad, bool write_lse) {
+                                              int row, float l, float m, bool bad,
+                                              float value_scale, bool write_lse) {
   float inv, lse;
-  if (bad || w.bad_scale) {
+  if (bad) {
     inv = lse = NAN;
   } else if (row_has_values(l, bad)) {  // a NaN cache value makes l NaN: out and lse NaN
-    inv = w.value_scale / l;
+    inv = value_scale / l;
     lse = (m + __log2f(l)) * kLn2;
   } else {
     inv = 0.0f;  // no visible key: out 0, lse -inf

@@ -238,6 +238,7 @@ __device__ __forceinline__ void decode_segment_wgmma(const DecodeKernelParams& p
                        : w.key_end;
     }
 
+    const float score_scale_log2 = score_factor<Cfg>(p, w);
     for (int t = 0; t < w.num_tiles; ++t) {
       const int st = t % Cfg::kStages;
       mbarrier_wait(full_barrier + 8 * st, (full_phase >> st) & 1u);  // tile t has landed
@@ -265,7 +266,7 @@ __device__ __forceinline__ void decode_segment_wgmma(const DecodeKernelParams& p
         CUTE_UNROLL
         for (int j = 0; j < size<1>(s); ++j) {
           const int pos = tile_start + get<1>(s_coord(h, j));
-          const float v = pos < row_end[h] ? s(h, j) * w.score_scale_log2 : -INFINITY;
+          const float v = pos < row_end[h] ? s(h, j) * score_scale_log2 : -INFINITY;
           s(h, j) = v;
           tile_max = fmaxf(tile_max, v);
         }
@@ -309,6 +310,8 @@ __device__ __forceinline__ void decode_segment_wgmma(const DecodeKernelParams& p
     }
   }
   bad = cta_saw_bad_index(p, bad);  // also publishes row_sum and row_max
+  const RequestScales scales = epilogue_scales(p, w);
+  bad = bad || scales.bad;
   // A partial's rows (f32, 2 KiB each, contiguous in the workspace) are staged in shared memory
   // over the idle stages and written by one bulk copy per row: per-thread 8-byte stores of all
   // CTAs at once throttled the load/store unit (ncu, B4 s_kv 32768). Rows of the request's only
@@ -320,7 +323,7 @@ __device__ __forceinline__ void decode_segment_wgmma(const DecodeKernelParams& p
     const int row = w.row0 + local_row[h];
     if (row >= p.rows) continue;
     const RowSink sink = finish_row(p, w, row, row_sum[local_row[h]], row_max[local_row[h]], bad,
-                                    scorer && quad_leader);
+                                    scales.value, scorer && quad_leader);
     if (sink.base == nullptr) continue;
     if (staged) {
       float* const dst =

@@ -39,6 +39,7 @@ struct WgmmaConfig {
   // O += P V: warpgroup g owns V columns [256 g, 256 g + 256) (wgmma m64n256k16, the widest N).
   static constexpr int kColsPerWarpgroup = kDimV / kWarpgroups;
   static constexpr bool kRawE4m3 = false;  // q tile of 16-bit units, dims in order
+  static constexpr CacheFormat kFormat = CacheFormat::kNative;
 
   // Two stages of 72 KiB next to the 72 KiB q tile fill shared memory: the copy warpgroup refills
   // a stage as soon as both warpgroups are done with its tile, two tiles ahead of the scores.
