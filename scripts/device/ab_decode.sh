@@ -3,7 +3,8 @@
 # one call, since machines of one kind differ by a few percent (docs/perf-notes.md asks for the
 # baseline in the same run). The builds: every .devbin/bin/bench_gpu_decode_<label> (packed by
 # collect.sh's EXTRA, builds of other commits) and .devbin/bin/bench_gpu_decode as "head". Each
-# runs ROUNDS times (default 2), the builds in turn within a round, over the rows ROWS selects
+# runs ROUNDS times (default 2; use an even count), the builds in turn within a round (reversed
+# every other round), over the rows ROWS selects
 # (bench_gpu_decode --only: ';'-separated label texts; default: issue 8's h_q 128 rows and one h_q
 # 16 row, whose M16 kernel serves as the control).
 #   ROWS="B128 s_kv 4096 h_q 128 bf16" ROUNDS=3 bash scripts/device/ab_decode.sh
@@ -22,8 +23,14 @@ for binary in .devbin/bin/bench_gpu_decode_*; do
   [ -x "$binary" ] && builds+=("${binary##*/bench_gpu_decode_}")
 done
 builds+=(head)
+# Odd rounds run the builds in order, even rounds in reverse (A B B A ...): the GPU warms up and
+# its clocks drift by a few percent over a call, which a fixed order would charge to later builds.
+reversed=()
+for ((i = ${#builds[@]} - 1; i >= 0; i--)); do reversed+=("${builds[$i]}"); done
 for round in $(seq 1 "$ROUNDS"); do
-  for build in "${builds[@]}"; do
+  order=("${builds[@]}")
+  [ $((round % 2)) -eq 0 ] && order=("${reversed[@]}")
+  for build in "${order[@]}"; do
     binary=.devbin/bin/bench_gpu_decode$([ "$build" = head ] || echo "_$build")
     "$binary" --only "$ROWS" --commit "$build" --json "$OUT/run-$build-$round.json" > \
       "$OUT/run-$build-$round.txt" 2>&1 || echo "ab: $build round $round failed (exit $?)"
