@@ -44,6 +44,18 @@ void cuda_ok(cudaError_t status, const char* what) {
   ASSERT_EQ(status, cudaSuccess) << what << ": " << cudaGetErrorString(status);
 }
 
+// Captures what `enqueue` puts on `stream` into `graph` and returns its executable graph (the
+// capture fails on any host read or allocation inside the op).
+template <class Enqueue>
+cudaGraphExec_t capture_graph(cudaStream_t stream, cudaGraph_t& graph, Enqueue&& enqueue) {
+  cudaGraphExec_t exec = nullptr;
+  cuda_ok(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal), "begin capture");
+  enqueue();
+  cuda_ok(cudaStreamEndCapture(stream, &graph), "end capture (no host read, no allocation)");
+  cuda_ok(cudaGraphInstantiate(&exec, graph, 0), "instantiate");
+  return exec;
+}
+
 // ---- device side
 // ---------------------------------------------------------------------------------
 
@@ -513,11 +525,7 @@ void check_graph_replay(int64_t heads, int64_t s_q, bool invariant, uint64_t see
   cudaStream_t stream = nullptr;
   cuda_ok(cudaStreamCreate(&stream), "cudaStreamCreate");
   cudaGraph_t graph = nullptr;
-  cudaGraphExec_t exec = nullptr;
-  cuda_ok(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal), "begin capture");
-  decode(stream);
-  cuda_ok(cudaStreamEndCapture(stream, &graph), "end capture");
-  cuda_ok(cudaGraphInstantiate(&exec, graph, 0), "instantiate");
+  const cudaGraphExec_t exec = capture_graph(stream, graph, [&] { decode(stream); });
 
   // Nonzero lengths are at least 2 = the largest s_q below (seq_lens count the new tokens too).
   const std::vector<std::vector<int32_t>> rounds = {
@@ -723,11 +731,7 @@ TEST(MlaDecodeCuda, GraphReplayFollowsNewScaleValuesAndLengths) {
                     Stream{stream});
   };
   cudaGraph_t graph = nullptr;
-  cudaGraphExec_t exec = nullptr;
-  cuda_ok(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal), "begin capture");
-  decode();
-  cuda_ok(cudaStreamEndCapture(stream, &graph), "end capture (no host read, no allocation)");
-  cuda_ok(cudaGraphInstantiate(&exec, graph, 0), "instantiate");
+  const cudaGraphExec_t exec = capture_graph(stream, graph, decode);
 
   const std::vector<std::vector<float>> q_rounds = {
       {1.0f, 0.5f, 2.0f, 0.25f}, {3.0f, 3.0f, 0.125f, 1.5f}, {0.75f, 1.0f, 1.0f, 4.0f}};
