@@ -116,6 +116,38 @@ def test_gather_and_maybe_dequant_cache_graph_follows_new_inputs_and_scale(rng):
     mlakit.check_device_errors(DEV)
 
 
+def test_cp_gather_cache_graph_follows_new_lengths_starts_and_bytes(rng):
+    """cu_seq_lens / seq_starts stay on the device: after new cumulative lengths, new starts and new
+    cache bytes, a replay equals an eager call bit for bit, and dst rows past the last request keep
+    their values."""
+    blocks, block_size, W, rows = 10, 4, 24, 20
+    cache = torch.from_numpy(rng.integers(0, 256, (blocks, block_size, W)).astype(np.uint8)).to(DEV)
+    table = torch.from_numpy(rng.permutation(blocks)[:8].reshape(2, 4).astype(np.int32)).to(DEV)
+    cu = torch.tensor([0, 6, 9], dtype=torch.int32, device=DEV)
+    starts = torch.tensor([1, 4], dtype=torch.int32, device=DEV)
+    dst = torch.full((rows, W), 0xAB, dtype=torch.uint8, device=DEV)
+    graph, _ = capture(lambda: vllm.cp_gather_cache(cache, dst, table, cu, 2, starts))
+    for new_cu, new_starts in (([0, 16, 16], [0, 3]), ([0, 1, 13], [15, 2]), ([0, 0, 0], [7, 7])):
+        cache.copy_(torch.from_numpy(rng.integers(0, 256, cache.shape).astype(np.uint8)))
+        cu.copy_(torch.tensor(new_cu, dtype=torch.int32))
+        starts.copy_(torch.tensor(new_starts, dtype=torch.int32))
+        dst.fill_(0xAB)
+        graph.replay()
+        want = torch.full_like(dst, 0xAB)
+        vllm.cp_gather_cache(cache.clone(), want, table, cu.clone(), 2, starts.clone())
+        torch.cuda.synchronize()
+        assert torch.equal(dst, want)
+        assert (dst[new_cu[-1]:] == 0xAB).all()
+        # the rows against the cache itself: request b's positions starts[b] + i
+        host_cache, host_table = cache.cpu().numpy(), table.cpu().numpy()
+        for b in range(2):
+            for i in range(new_cu[b + 1] - new_cu[b]):
+                pos = new_starts[b] + i
+                entry = host_cache[host_table[b, pos // block_size], pos % block_size]
+                assert np.array_equal(dst[new_cu[b] + i].cpu().numpy(), entry)
+    mlakit.check_device_errors(DEV)
+
+
 @pytest.mark.parametrize("mode", ["static", "dynamic_per_tensor", "dynamic_per_token"])
 def test_scaled_fp8_quant_graph_follows_new_inputs_and_scale(rng, mode):
     x = randn(rng, (9, 64), torch.float16, 50.0)
