@@ -282,6 +282,69 @@ def test_cp_gather_cache_copies_raw_entries(rng):
     assert np.array_equal(dst.numpy(), expected)
 
 
+# ---- mla_decode_kvcache_cpu ----------------------------------------------------------------------
+
+
+def decode_f64(query, cache, block_table, lens, scale, value_dim):
+    """Each head of request b over its first lens[b] cache entries, in float64: softmax(scale q K^T)
+    V with K the whole entry and V its first value_dim values; zeros without keys."""
+    q, kv = f64(query), f64(cache)
+    out = np.zeros(q.shape[:2] + (value_dim,))
+    block_size = kv.shape[1]
+    for b, length in enumerate(lens):
+        if length == 0:
+            continue
+        pos = np.arange(length)
+        keys = kv[block_table[b, pos // block_size], pos % block_size]  # [length, L + R]
+        scores = scale * q[b] @ keys.T  # [N, length]
+        weights = np.exp(scores - scores.max(axis=1, keepdims=True))
+        out[b] = (weights / weights.sum(axis=1, keepdims=True)) @ keys[:, :value_dim]
+    return out
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_mla_decode_kvcache_cpu_attends_every_key_of_each_request(rng, device, dtype):
+    heads, L, R, block_size, width = 16, 512, 64, 16, 5
+    lens = np.array([1, 80, 0, 33], dtype=np.int32)  # one empty request: zeros
+    batch = len(lens)
+    num_blocks = batch * width + 2
+    block_table = rng.permutation(num_blocks)[:batch * width].reshape(batch, width).astype(np.int32)
+    cache = randn(rng, (num_blocks, block_size, L + R), dtype, "cpu")
+    used = np.zeros((num_blocks, block_size), dtype=bool)
+    for b, length in enumerate(lens):
+        pos = np.arange(length)
+        used[block_table[b, pos // block_size], pos % block_size] = True
+    cache[torch.from_numpy(~used)] = float("nan")  # slots no request reaches: never read
+    query = randn(rng, (batch, heads, L + R), dtype, "cpu")
+    scale = float((L + R) ** -0.5)
+    out = nan_tensor((batch, heads, L), dtype, device)
+
+    vllm.mla_decode_kvcache_cpu(out, query.to(device), cache.to(device),
+                                scale, torch.from_numpy(block_table).to(device),
+                                torch.from_numpy(lens).to(device))
+    want = decode_f64(query, cache.nan_to_num(), block_table, lens, scale, L)
+    tol = 2e-2 if dtype == torch.bfloat16 else 1e-4  # bf16 P and out rounding; f32 sums
+    got = f64(out.cpu())
+    assert not np.isnan(got).any()
+    assert np.allclose(got, want, rtol=tol, atol=tol)
+    assert (got[2] == 0).all()
+
+
+def test_mla_decode_kvcache_cpu_reports_bad_arguments(rng):
+    query = randn(rng, (2, 4, 576), torch.bfloat16, "cpu")
+    cache = randn(rng, (4, 16, 576), torch.bfloat16, "cpu")
+    table = torch.zeros((2, 2), dtype=torch.int32)
+    lens = torch.tensor([3, 5], dtype=torch.int32)
+    out = nan_tensor((2, 4, 512), torch.bfloat16, "cpu")
+    with pytest.raises(ValueError, match="query must be"):
+        vllm.mla_decode_kvcache_cpu(out, query.unsqueeze(1), cache, 0.04, table, lens)
+    with pytest.raises(ValueError, match="out must be"):
+        vllm.mla_decode_kvcache_cpu(out.unsqueeze(0), query, cache, 0.04, table, lens)
+    with pytest.raises(mlakit.MlakitError, match="out"):  # 500 latent values: not the cache's
+        vllm.mla_decode_kvcache_cpu(out[..., :500], query, cache, 0.04, table, lens)
+
+
 # ---- merge_attn_states ---------------------------------------------------------------------------
 
 

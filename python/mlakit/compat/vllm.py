@@ -13,6 +13,7 @@ Contract, as vLLM's public ops define it:
   output_lse=None, prefill_tokens_with_context=None, output_scale=None)``
 - ``scaled_fp8_quant(input, scale=None, num_token_padding=None, scale_ub=None,
   use_per_token_if_dynamic=False, output=None) -> (out, scale)``
+- ``mla_decode_kvcache_cpu(out, query, kv_cache, scale, block_tables, seq_lens)``
 
 The ops write into the tensors passed in and return None, except scaled_fp8_quant. Scales that
 vLLM passes as tensors (``scale``, ``k_scale``, ``output_scale``, ``scale_ub``) are accepted as
@@ -27,7 +28,9 @@ gather_and_maybe_dequant_cache, cp_gather_cache, merge_attn_states (also with ou
 prefill_tokens_with_context as an int), scaled_fp8_quant (static, dynamic per-tensor and dynamic
 per-token), cp_gather_and_upconvert_fp8_kv_cache (seq_lens / workspace_starts turned into a
 gather on the device). The CUDA paths are tested on a GPU by python/tests/test_compat_vllm_cuda.py
-(skipped without one); none has run under torch.compile.
+(skipped without one); none has run under torch.compile. mla_decode_kvcache_cpu serves CUDA
+tensors too, but plans and allocates per call (mlakit.mla_decode without a schedule): not for
+CUDA graphs.
 """
 
 import torch
@@ -43,6 +46,7 @@ PER_TOKEN_MIN_SCALE = 1.0 / (FP8_E4M3_MAX * 512.0)
 
 DS_MLA_ENTRY_BYTES = 656  # why: fp8_ds_mla entry = 512 e4m3 + 4 f32 tile scales + 64 16-bit rope
 DS_MLA_HEAD_DIM = 576  # why: the upconverted entry = 512 latent values + 64 rope values
+ROPE_DIM = 64  # why: DeepSeek's qk_rope_head_dim, the rope part of a query and a cache entry
 
 
 # ---- Cache ops -----------------------------------------------------------------------------------
@@ -175,6 +179,27 @@ def _rows_to_requests(lens, starts, rows):
 
 
 # ---- Attention pieces ----------------------------------------------------------------------------
+
+
+def mla_decode_kvcache_cpu(out, query, kv_cache, scale, block_tables, seq_lens):
+    """vLLM's ``mla_decode_kvcache_cpu``: the decode of one new token per request over the latent
+    cache (DeepSeek's absorbed MQA): head n of request b attends all keys [0, seq_lens[b]) of its
+    cache entries, K = the whole entry, V = its first out.shape[-1] values, softmax scaled by
+    `scale`. No LSE is returned; a request of length 0 gets zeros.
+
+    out: [B, N, L] (written, query's dtype); query: [B, N, L + R]; kv_cache: [num_blocks,
+    block_size, L + R] of query's dtype (bf16 / f16 / f32); block_tables: int32 [B, max_blocks];
+    seq_lens: int32 [B]. R is DeepSeek's 64 rope dims, so L = query.shape[-1] - 64 (512 for 576):
+    an out of another width is an error, not values cut short. mlakit.mla_decode over
+    [B, 1, N, ..] views (kv_cache_dtype "auto")."""
+    op = "mla_decode_kvcache_cpu"
+    require_ndim(op, "out", out, 3, "[B, N, kv_lora_rank]")
+    require_ndim(op, "query", query, 3, "[B, N, kv_lora_rank + rope_dim]")
+    require_ndim(op, "kv_cache", kv_cache, 3, "[num_blocks, block_size, kv_lora_rank + rope_dim]")
+    lse = torch.empty(query.shape[:2], dtype=torch.float32, device=query.device).unsqueeze(1)
+    _ops.mla_decode(query.unsqueeze(1), kv_cache, block_tables, seq_lens, out.unsqueeze(1), lse,
+                    float(scale), "auto", kv_lora_rank=query.shape[-1] - ROPE_DIM)
+
 
 
 def merge_attn_states(output, prefix_output, prefix_lse, suffix_output, suffix_lse,
