@@ -305,6 +305,8 @@ def decode_f64(query, cache, block_table, lens, scale, value_dim):
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 def test_mla_decode_kvcache_cpu_attends_every_key_of_each_request(rng, device, dtype):
+    if device != "cpu" and dtype == torch.float32:
+        pytest.skip("mlakit's CUDA decode reads 16-bit caches only (f32: MlakitError unsupported)")
     heads, L, R, block_size, width = 16, 512, 64, 16, 5
     lens = np.array([1, 80, 0, 33], dtype=np.int32)  # one empty request: zeros
     batch = len(lens)
