@@ -16,6 +16,7 @@
 #include <random>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "common/test_util.hpp"
@@ -50,7 +51,25 @@ struct Case {
   bool with_lse = true;
   int64_t q_pad = 8;  // extra elements per q head row: 8 keeps rows 16-byte aligned, 3 does not
   int64_t extra_tokens = 0, extra_keys = 0;  // rows past the last request
+  bool hashed_inputs = false;                // hashed_uniform_tensor instead of normal draws
 };
+
+// Host tensor of uniform values in [-2, 2) from a hash (splitmix64) of (seed, index): ~100x
+// faster than test::random_tensor's normal draws, which the half a billion values of a
+// 16384-token, 128-head batch need. Attention on it is as generic: scores of std ~1.3.
+Tensor hashed_uniform_tensor(uint64_t seed, std::initializer_list<int64_t> shape, DType dtype) {
+  Tensor t = Tensor::empty(shape, dtype);
+  for (int64_t i = 0; i < t.numel(); ++i) {
+    uint64_t x = seed + 0x9e3779b97f4a7c15ull * static_cast<uint64_t>(i + 1);
+    x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+    x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+    x ^= x >> 31;
+    // why: the top 24 bits scaled by 2^-22 are uniform in [0, 4)
+    const double uniform = static_cast<double>(x >> 40) * 0x1.0p-22 - 2.0;
+    store_float(t.view().data, dtype, i, static_cast<float>(uniform));
+  }
+  return t;
+}
 
 // Host inputs laid out as the MLA forward makes them, and their device mirrors.
 struct Inputs {
@@ -68,9 +87,13 @@ Inputs make_inputs(std::mt19937_64& rng, const Case& c) {
   in.tokens = cu_q.back() + c.extra_tokens;
   in.keys = cu_k.back() + c.extra_keys;
   const int64_t n = c.heads, rope_offset = 16;  // k_pe: the rope columns of a wider buffer
-  in.q_buf = test::random_tensor(rng, {in.tokens, n, kDqk + c.q_pad}, c.dtype);
-  in.kv_buf = test::random_tensor(rng, {in.keys, n, kNope + kDv}, c.dtype);  // [S, N, 256]
-  in.k_pe_buf = test::random_tensor(rng, {in.keys, rope_offset + kRope}, c.dtype);
+  auto random = [&](std::initializer_list<int64_t> shape) {
+    return c.hashed_inputs ? hashed_uniform_tensor(rng(), shape, c.dtype)
+                           : test::random_tensor(rng, shape, c.dtype);
+  };
+  in.q_buf = random({in.tokens, n, kDqk + c.q_pad});
+  in.kv_buf = random({in.keys, n, kNope + kDv});  // [S, N, 256]
+  in.k_pe_buf = random({in.keys, rope_offset + kRope});
   in.q = in.q_buf.view().narrow(2, 0, kDqk);
   in.k_nope = in.kv_buf.view().narrow(2, 0, kNope);
   in.v = in.kv_buf.view().narrow(2, kNope, kDv);
@@ -255,6 +278,135 @@ TEST(CudaPrefill, SixteenAndOneHundredTwentyEightHeads) {
     c128.sk = {70, 20};
     SCOPED_TRACE(describe(c128));
     check_case(rng, c128);
+  }
+}
+
+// ---- long requests (issue 10's lengths) against sampled reference rows --------------------------
+
+// One query row of the reference: request b's query i (token t), keys from k0, every head.
+struct SampledRow {
+  int64_t t, b, i;
+  std::vector<double> out, lse;  // [N, V], [N]
+};
+
+// The fp64 attention of each sampled row over the keys it sees (bottom-right causal: [0, sk - sq +
+// i]), reading the 16-bit inputs where they lie; rows spread over the host's threads.
+void reference_rows(const Inputs& in, const std::vector<int64_t>& k0,
+                    std::vector<SampledRow>& rows) {
+  const int64_t n = in.c.heads;
+  auto at = [](const TensorView& v, int64_t i0, int64_t i1, int64_t i2) {
+    return static_cast<double>(
+        load_float(v.data, v.dtype, i0 * v.strides[0] + i1 * v.strides[1] + i2 * v.strides[2]));
+  };
+  auto compute = [&](SampledRow& r) {
+    const int64_t sq = in.c.sq[r.b], sk = in.c.sk[r.b];
+    const int64_t seen = in.c.causal ? std::clamp<int64_t>(sk - sq + r.i + 1, 0, sk) : sk;
+    r.out.assign(n * kDv, 0.0);
+    r.lse.assign(n, -kInf);
+    std::vector<double> score(seen);
+    for (int64_t h = 0; h < n; ++h) {
+      double q[kDqk];
+      for (int64_t d = 0; d < kDqk; ++d) q[d] = at(in.q, r.t, h, d);
+      double m = -kInf;
+      for (int64_t j = 0; j < seen; ++j) {
+        const int64_t key = k0[r.b] + j;
+        double dot = 0.0;
+        for (int64_t d = 0; d < kNope; ++d) dot += q[d] * at(in.k_nope, key, h, d);
+        for (int64_t d = 0; d < kRope; ++d) {
+          dot += q[kNope + d] *
+                 static_cast<double>(load_float(in.k_pe.data, in.k_pe.dtype,
+                                                key * in.k_pe.strides[0] + d * in.k_pe.strides[1]));
+        }
+        score[j] = dot * in.scale;
+        m = std::max(m, score[j]);
+      }
+      if (seen == 0) continue;  // out 0, lse -inf
+      double sum = 0.0;
+      for (int64_t j = 0; j < seen; ++j) sum += (score[j] = std::exp(score[j] - m));
+      for (int64_t j = 0; j < seen; ++j) {
+        const double p = score[j] / sum;
+        for (int64_t d = 0; d < kDv; ++d) r.out[h * kDv + d] += p * at(in.v, k0[r.b] + j, h, d);
+      }
+      r.lse[h] = m + std::log(sum);
+    }
+  };
+  const int64_t workers = std::max(1u, std::thread::hardware_concurrency());
+  std::vector<std::thread> pool;
+  for (int64_t w = 0; w < workers; ++w) {
+    pool.emplace_back([&, w] {
+      for (size_t k = w; k < rows.size(); k += workers) compute(rows[k]);
+    });
+  }
+  for (std::thread& thread : pool) thread.join();
+}
+
+// The CUDA op on a batch with requests too long for a full fp64 reference: every row of requests
+// of at most `full_rows` queries and `sampled` random rows (plus the first and the last) of each
+// longer one are checked against the reference, out and LSE, all heads; every row of every request
+// must be written (no NaN) and the out padding must stay NaN.
+void check_sampled_case(std::mt19937_64& rng, const Case& c, int64_t full_rows, int64_t sampled) {
+  const Inputs in = make_inputs(rng, c);
+  const Outputs gpu = run_cuda(in);
+  std::vector<int64_t> q0{0}, k0{0};
+  for (size_t b = 0; b < c.sq.size(); ++b) {
+    q0.push_back(q0.back() + c.sq[b]);
+    k0.push_back(k0.back() + c.sk[b]);
+  }
+  std::vector<SampledRow> rows;
+  for (size_t b = 0; b < c.sq.size(); ++b) {
+    const int64_t sq = c.sq[b];
+    auto add = [&](int64_t i) { rows.push_back({q0[b] + i, static_cast<int64_t>(b), i, {}, {}}); };
+    if (sq <= full_rows) {
+      for (int64_t i = 0; i < sq; ++i) add(i);
+      continue;
+    }
+    add(0);
+    add(sq - 1);
+    std::uniform_int_distribution<int64_t> pick(1, sq - 2);
+    for (int64_t k = 0; k < sampled; ++k) add(pick(rng));
+  }
+  reference_rows(in, k0, rows);
+  const test::Tolerance tol = case_tolerance(c);
+  for (const SampledRow& r : rows) {
+    SCOPED_TRACE(testing::Message()
+                 << "request " << r.b << " query " << r.i << " (token " << r.t << ")");
+    EXPECT_TRUE(test::all_close(gpu.out().narrow(0, r.t, 1), r.out, tol)) << "out";
+    EXPECT_TRUE(test::all_close(gpu.lse.view().narrow(1, r.t, 1), r.lse, kLseTolerance)) << "lse";
+  }
+  const TensorView out = gpu.out_buf.view();  // [T, N, 192], contiguous
+  int64_t unwritten = 0, padding_written = 0;
+  for (int64_t t = 0; t < q0.back(); ++t) {
+    for (int64_t h = 0; h < c.heads; ++h) {
+      for (int64_t d = 0; d < kOutHeadStride; ++d) {
+        const bool is_nan =
+            std::isnan(load_float(out.data, out.dtype, (t * c.heads + h) * kOutHeadStride + d));
+        if (d < kDv) unwritten += is_nan;
+        if (d >= kDv) padding_written += !is_nan;
+      }
+    }
+  }
+  EXPECT_EQ(unwritten, 0) << "out values left NaN in rows of a request";
+  EXPECT_EQ(padding_written, 0) << "out written past its head size";
+}
+
+TEST(CudaPrefill, LongVarlenRequestsAgainstSampledReferenceRows) {
+  // Issue 10's lengths in one varlen batch, 16 and 128 heads, causal and not, keys != queries
+  // (a context before the new tokens, and fewer keys than queries in one request); the
+  // 16384-token request has no full fp64 reference on the host (~10^13 multiply-adds at 128
+  // heads), so its rows and the other long ones are sampled.
+  MLAKIT_SKIP_WITHOUT_GPU();
+  auto rng = test::make_rng(67);
+  for (int64_t heads : {16, 128}) {
+    for (bool causal : {true, false}) {
+      Case c;
+      c.heads = heads;
+      c.causal = causal;
+      c.hashed_inputs = true;
+      c.sq = {1, 63, 64, 65, 1000, 4096, 16384};
+      c.sk = {1, 100, 64, 30, 1500, 4096, 16447};
+      SCOPED_TRACE(describe(c));
+      check_sampled_case(rng, c, 65, 6);
+    }
   }
 }
 
