@@ -1,12 +1,17 @@
-// A whole decode step of an L-layer model through the engine path (plan_step once, then
+// A whole step of an L-layer model through the engine path (plan_step once, then
 // MlaAttention::forward per layer over one shared Workspace), on one GPU, three ways:
 //   eager host  host time of one forward() call (no synchronization: launches only), per layer;
 //   graph       the step's L forwards captured once in a CUDA graph and replayed: device time per
 //               layer (events around each replay, median);
 //   kernels     the device time of one layer's own kernels, memsets and copies, summed from CUPTI
 //               activity records of eager runs (what a layer would cost with no gap between them).
-// The issue-9 bars: graph time per layer <= 1.10 x the kernel sum; eager host time <= 10 us.
-//   bench_gpu_forward [--layers 61] [--batch 8] [--seq-len 1024] [--heads 128] [--json FILE]
+// The issue-9 bars (decode): graph time per layer <= 1.10 x the kernel sum; eager host time <= 10
+// us. With --query-len Q > 1 every request is a prefill of Q new tokens at the end of its seq_len
+// (the rest its context, gathered in chunks): issue 10's bar, eager device time per layer <= 1.15 x
+// the sum of its kernels (up-projections, gathers, attention on the new tokens and on each context
+// chunk, merges); no graph (decode steps only).
+//   bench_gpu_forward [--layers 61] [--batch 8] [--seq-len 1024] [--query-len 1] [--heads 128]
+//                     [--json FILE]
 #include <cuda_runtime.h>
 #include <cupti.h>
 
@@ -215,6 +220,7 @@ double host_us_per_call(cudaStream_t stream, F&& launch) {
 
 struct Options {
   int64_t layers = 61, batch = 8, seq_len = 1024, heads = 128;
+  int64_t query_len = 1;  // new tokens per request: 1 decodes, more prefills (seq_len counts them)
   std::string json;
 };
 
@@ -235,13 +241,19 @@ Options parse(int argc, char** argv) {
       o.seq_len = v;
     } else if (key == "--heads") {
       o.heads = v;
+    } else if (key == "--query-len") {
+      o.query_len = v;
     } else {
       std::fprintf(stderr, "unknown option %s\n", key.c_str());
       std::exit(2);
     }
   }
-  if (o.layers < 1 || o.batch < 1 || o.seq_len < 1 || o.heads < 1) {
-    std::fprintf(stderr, "--layers, --batch, --seq-len and --heads must be >= 1\n");
+  if (o.layers < 1 || o.batch < 1 || o.seq_len < 1 || o.heads < 1 || o.query_len < 1) {
+    std::fprintf(stderr, "--layers, --batch, --seq-len, --query-len and --heads must be >= 1\n");
+    std::exit(2);
+  }
+  if (o.query_len > o.seq_len) {
+    std::fprintf(stderr, "--query-len must not exceed --seq-len (which counts the new tokens)\n");
     std::exit(2);
   }
   return o;
@@ -276,25 +288,30 @@ int main(int argc, char** argv) {
   cfg.scale = kScale;
   cfg.act_dtype = DType::kBF16;
   cfg.block_size = kBlockSize;
+  const bool decode = o.query_len == 1;
+  const int64_t tokens = o.batch * o.query_len;
   cfg.max_num_seqs = o.batch;
-  cfg.max_num_batched_tokens = o.batch;
+  cfg.max_num_batched_tokens = tokens;
   cfg.max_model_len = o.seq_len + kBlockSize;
   cfg.device = gpu;
   const mlakit::MlaDims& d = cfg.dims;
 
-  // One decode request per row, lengths around seq_len, each on its own pages.
+  // One request per row, lengths around seq_len (at least query_len), each on its own pages; its
+  // last query_len positions are the step's new tokens.
   const int64_t width = (cfg.max_model_len + kBlockSize - 1) / kBlockSize;
   const int64_t num_blocks = o.batch * width + 1;
   std::vector<int32_t> qsl{0}, seq_lens;
   std::vector<int64_t> table(static_cast<size_t>(o.batch * width)), slots;
   std::uniform_int_distribution<int64_t> jitter(-32, 32);  // +-32 keys: not all lengths equal
   for (int64_t r = 0; r < o.batch; ++r) {
-    const int64_t len = std::max<int64_t>(1, o.seq_len + jitter(rng));
+    const int64_t len = std::min<int64_t>(std::max<int64_t>(o.query_len, o.seq_len + jitter(rng)),
+                                          cfg.max_model_len);
     seq_lens.push_back(static_cast<int32_t>(len));
-    qsl.push_back(qsl.back() + 1);
+    qsl.push_back(static_cast<int32_t>(qsl.back() + o.query_len));
     for (int64_t c = 0; c < width; ++c) table[r * width + c] = 1 + r * width + c;
-    slots.push_back(table[r * width + (len - 1) / kBlockSize] * kBlockSize +
-                    (len - 1) % kBlockSize);
+    for (int64_t pos = len - o.query_len; pos < len; ++pos) {
+      slots.push_back(table[r * width + pos / kBlockSize] * kBlockSize + pos % kBlockSize);
+    }
   }
   auto index_tensor = [&](const std::vector<int64_t>& v, std::initializer_list<int64_t> shape,
                           DType dtype) {
@@ -309,7 +326,7 @@ int main(int argc, char** argv) {
     return to_gpu(host);
   };
   const Tensor block_table = index_tensor(table, {o.batch, width}, DType::kI32);
-  const Tensor slot_mapping = index_tensor(slots, {o.batch}, DType::kI64);
+  const Tensor slot_mapping = index_tensor(slots, {tokens}, DType::kI64);
   const Tensor seq_lens_dev =
       index_tensor(std::vector<int64_t>(seq_lens.begin(), seq_lens.end()), {o.batch}, DType::kI32);
 
@@ -320,10 +337,10 @@ int main(int argc, char** argv) {
     layers.push_back(std::make_unique<mlakit::MlaAttention>(
         cfg, host_random(rng, {d.num_heads * d.kv_b_out_dim(), d.kv_lora_rank}, 0.044)));
     caches.push_back(to_gpu(host_random(rng, {num_blocks, kBlockSize, d.entry_dim()}, 1.0)));
-    outputs.push_back(Tensor::empty({o.batch, d.num_heads * d.v_head_dim}, DType::kBF16, gpu));
+    outputs.push_back(Tensor::empty({tokens, d.num_heads * d.v_head_dim}, DType::kBF16, gpu));
   }
-  const Tensor q = to_gpu(host_random(rng, {o.batch, d.num_heads, d.qk_head_dim()}, 1.0));
-  const Tensor kv = to_gpu(host_random(rng, {o.batch, d.entry_dim()}, 1.0));
+  const Tensor q = to_gpu(host_random(rng, {tokens, d.num_heads, d.qk_head_dim()}, 1.0));
+  const Tensor kv = to_gpu(host_random(rng, {tokens, d.entry_dim()}, 1.0));
   const mlakit::TensorView kv_c = kv.view().narrow(1, 0, d.kv_lora_rank);
   const mlakit::TensorView k_pe = kv.view().narrow(1, d.kv_lora_rank, d.qk_rope_head_dim);
 
@@ -335,7 +352,7 @@ int main(int argc, char** argv) {
   mlakit::ForwardBatch batch;
   batch.query_start_loc = qsl;
   batch.seq_lens = seq_lens;
-  batch.num_actual_tokens = o.batch;
+  batch.num_actual_tokens = tokens;
   batch.block_table = block_table;
   batch.slot_mapping = slot_mapping;
 
@@ -377,54 +394,57 @@ int main(int argc, char** argv) {
   const double get_device_us = runtime_call_us([&] { cudaGetDevice(&device_index); });
   const double get_last_error_us = runtime_call_us([] { cudaGetLastError(); });
 
-  // Where the eager host time goes, op by op: each op a decode step's forward() calls, called alone
-  // with the layer's shapes (the rest of forward() is the orchestrator's).
-  const int64_t n = d.num_heads, p = d.qk_nope_head_dim, l = d.kv_lora_rank, r = d.qk_rope_head_dim,
-                e = d.entry_dim();
-  const Tensor ql = Tensor::empty({o.batch, n, e}, DType::kBF16, gpu);
-  const Tensor o_lat = Tensor::empty({o.batch, 1, n, l}, DType::kBF16, gpu);
-  const Tensor lse = Tensor::empty({o.batch, 1, n}, DType::kF32, gpu);
-  const mlakit::DecodeSchedule op_schedule = mlakit::ops::plan_mla_decode(
-      {gpu, o.batch, 1, n, kBlockSize, width * kBlockSize, false}, seq_lens);
-  const Tensor split_ws = Tensor::empty(
-      {mlakit::ops::mla_decode_workspace_elems(op_schedule, 1, n, l)}, DType::kF32, gpu);
-  const mlakit::DecodeSchedule ahead = mlakit::ops::mla_decode_plan_ahead(
-      op_schedule, block_table, seq_lens_dev, kBlockSize, l, split_ws, s);
-  const mlakit::ops::DecodeParams params{kScale, mlakit::KvCacheDType::kAuto, 1.0f, 1.0f, l};
-  const mlakit::AbsorbedWeights& w0 = layers[0]->weights();
-  const mlakit::TensorView out_heads =
-      mlakit::TensorView::strided(outputs[0].view().data, DType::kBF16, {o.batch, n, d.v_head_dim},
-                                  {n * d.v_head_dim, d.v_head_dim, 1}, gpu);
-  const std::vector<std::pair<const char*, double>> op_host_us = {
-      {"concat_and_cache_mla + q_pe copy (one launch)",
-       host_us_per_call(stream,
-                        [&] {
-                          mlakit::ops::concat_and_cache_mla_with_q_rope(
-                              kv_c, k_pe, caches[0], slot_mapping, mlakit::KvCacheDType::kAuto,
-                              1.0f, q.view().narrow(2, p, r), ql.view().narrow(2, l, r), s);
-                        })},
-      {"batched_matmul (W_UK absorb)",
-       host_us_per_call(stream,
-                        [&] {
-                          mlakit::ops::batched_matmul(q.view().narrow(2, 0, p).transpose(0, 1),
-                                                      w0.w_uk_t,
-                                                      ql.view().narrow(2, 0, l).transpose(0, 1), s);
-                        })},
-      {"mla_decode (planned ahead)", host_us_per_call(stream,
-                                                      [&] {
-                                                        mlakit::ops::mla_decode(
-                                                            ql.view().reshape({o.batch, 1, n, e}),
-                                                            caches[0], block_table, seq_lens_dev,
-                                                            o_lat, lse, params, ahead, split_ws, s);
-                                                      })},
-      {"batched_matmul (W_UV)",
-       host_us_per_call(stream,
-                        [&] {
-                          mlakit::ops::batched_matmul(
-                              o_lat.view().reshape({o.batch, n, l}).transpose(0, 1), w0.w_uv,
-                              out_heads.transpose(0, 1), s);
-                        })},
-  };
+  // Where the eager host time goes, op by op (decode steps): each op a decode step's forward()
+  // calls, called alone with the layer's shapes (the rest of forward() is the orchestrator's).
+  std::vector<std::pair<const char*, double>> op_host_us;
+  if (decode) {
+    const int64_t n = d.num_heads, p = d.qk_nope_head_dim, l = d.kv_lora_rank,
+                  r = d.qk_rope_head_dim, e = d.entry_dim();
+    const Tensor ql = Tensor::empty({o.batch, n, e}, DType::kBF16, gpu);
+    const Tensor o_lat = Tensor::empty({o.batch, 1, n, l}, DType::kBF16, gpu);
+    const Tensor lse = Tensor::empty({o.batch, 1, n}, DType::kF32, gpu);
+    const mlakit::DecodeSchedule op_schedule = mlakit::ops::plan_mla_decode(
+        {gpu, o.batch, 1, n, kBlockSize, width * kBlockSize, false}, seq_lens);
+    const Tensor split_ws = Tensor::empty(
+        {mlakit::ops::mla_decode_workspace_elems(op_schedule, 1, n, l)}, DType::kF32, gpu);
+    const mlakit::DecodeSchedule ahead = mlakit::ops::mla_decode_plan_ahead(
+        op_schedule, block_table, seq_lens_dev, kBlockSize, l, split_ws, s);
+    const mlakit::ops::DecodeParams params{kScale, mlakit::KvCacheDType::kAuto, 1.0f, 1.0f, l};
+    const mlakit::AbsorbedWeights& w0 = layers[0]->weights();
+    const mlakit::TensorView out_heads = mlakit::TensorView::strided(
+        outputs[0].view().data, DType::kBF16, {o.batch, n, d.v_head_dim},
+        {n * d.v_head_dim, d.v_head_dim, 1}, gpu);
+    op_host_us = {
+        {"concat_and_cache_mla + q_pe copy (one launch)",
+         host_us_per_call(stream,
+                          [&] {
+                            mlakit::ops::concat_and_cache_mla_with_q_rope(
+                                kv_c, k_pe, caches[0], slot_mapping, mlakit::KvCacheDType::kAuto,
+                                1.0f, q.view().narrow(2, p, r), ql.view().narrow(2, l, r), s);
+                          })},
+        {"batched_matmul (W_UK absorb)",
+         host_us_per_call(stream,
+                          [&] {
+                            mlakit::ops::batched_matmul(
+                                q.view().narrow(2, 0, p).transpose(0, 1), w0.w_uk_t,
+                                ql.view().narrow(2, 0, l).transpose(0, 1), s);
+                          })},
+        {"mla_decode (planned ahead)",
+         host_us_per_call(stream,
+                          [&] {
+                            mlakit::ops::mla_decode(ql.view().reshape({o.batch, 1, n, e}),
+                                                    caches[0], block_table, seq_lens_dev, o_lat,
+                                                    lse, params, ahead, split_ws, s);
+                          })},
+        {"batched_matmul (W_UV)",
+         host_us_per_call(stream,
+                          [&] {
+                            mlakit::ops::batched_matmul(
+                                o_lat.view().reshape({o.batch, n, l}).transpose(0, 1), w0.w_uv,
+                                out_heads.transpose(0, 1), s);
+                          })},
+    };
+  }
   double op_host_sum = 0;
   for (const auto& [name, us] : op_host_us) op_host_sum += us;
 
@@ -446,30 +466,38 @@ int main(int argc, char** argv) {
   for (const auto& [name, entry] : g_api) api_rows.push_back({entry.second, name});
   std::sort(api_rows.rbegin(), api_rows.rend());
 
-  // Graph: the whole step captured once, replayed.
+  // Graph (decode steps): the whole step captured once, replayed.
   cudaGraph_t graph = nullptr;
   cudaGraphExec_t exec = nullptr;
-  check(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal), "cudaStreamBeginCapture");
-  run_step();
-  check(cudaStreamEndCapture(stream, &graph), "cudaStreamEndCapture");
-  check(cudaGraphInstantiate(&exec, graph, 0), "cudaGraphInstantiate");
-  for (int rep = 0; rep < kWarmups + kReps; ++rep) {
-    check(cudaEventRecord(start, stream), "cudaEventRecord");
-    check(cudaGraphLaunch(exec, stream), "cudaGraphLaunch");
-    check(cudaEventRecord(stop, stream), "cudaEventRecord");
-    check(cudaEventSynchronize(stop), "cudaEventSynchronize");
-    float ms = 0;
-    check(cudaEventElapsedTime(&ms, start, stop), "cudaEventElapsedTime");
-    if (rep >= kWarmups) graph_us.push_back(1e3 * ms / static_cast<double>(o.layers));
+  if (decode) {
+    check(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal),
+          "cudaStreamBeginCapture");
+    run_step();
+    check(cudaStreamEndCapture(stream, &graph), "cudaStreamEndCapture");
+    check(cudaGraphInstantiate(&exec, graph, 0), "cudaGraphInstantiate");
+    for (int rep = 0; rep < kWarmups + kReps; ++rep) {
+      check(cudaEventRecord(start, stream), "cudaEventRecord");
+      check(cudaGraphLaunch(exec, stream), "cudaGraphLaunch");
+      check(cudaEventRecord(stop, stream), "cudaEventRecord");
+      check(cudaEventSynchronize(stop), "cudaEventSynchronize");
+      float ms = 0;
+      check(cudaEventElapsedTime(&ms, start, stop), "cudaEventElapsedTime");
+      if (rep >= kWarmups) graph_us.push_back(1e3 * ms / static_cast<double>(o.layers));
+    }
   }
   mlakit::ops::check_device_errors(gpu, s);
 
-  const double host = median(host_us), eager = median(eager_us), replay = median(graph_us);
+  const double host = median(host_us), eager = median(eager_us);
+  const double replay = decode ? median(graph_us) : NAN;
   const double ratio = replay / kernel_us;
-  std::printf("decode step: %lld layers, B %lld, s_kv ~%lld, h_q %lld, bf16 cache, page %lld\n",
-              static_cast<long long>(o.layers), static_cast<long long>(o.batch),
-              static_cast<long long>(o.seq_len), static_cast<long long>(o.heads),
-              static_cast<long long>(kBlockSize));
+  const double eager_ratio = eager / kernel_us;  // issue 10's bar for prefill steps: <= 1.15
+  std::printf(
+      "%s step: %lld layers, B %lld, %lld new tokens each, s_kv ~%lld, h_q %lld, bf16 "
+      "cache, page %lld\n",
+      decode ? "decode" : "prefill", static_cast<long long>(o.layers),
+      static_cast<long long>(o.batch), static_cast<long long>(o.query_len),
+      static_cast<long long>(o.seq_len), static_cast<long long>(o.heads),
+      static_cast<long long>(kBlockSize));
   std::printf("workspace %.1f MiB (step uses %.1f MiB), plan_step %.1f us\n",
               workspace.bytes() / 1048576.0, plan.workspace_bytes_used() / 1048576.0, plan_us);
   std::printf("| per layer | us | bar |\n|---|---|---|\n");
@@ -482,12 +510,17 @@ int main(int argc, char** argv) {
               get_device_us, get_last_error_us);
   std::printf("| kernels (CUPTI sum, %.1f activities) | %.2f | |\n", activities_per_layer,
               kernel_us);
-  std::printf("| graph replay | %.2f | <= 1.10 x kernels: %.3f (%s) |\n", replay, ratio,
-              ratio <= 1.10 ? "met" : "NOT met");
-  std::printf("host time per call of each op of a decode layer, called alone:\n");
-  for (const auto& [name, us] : op_host_us) std::printf("  %-44s %8.2f us\n", name, us);
-  std::printf("  %-44s %8.2f us (forward() %.2f: the rest is the orchestrator's)\n", "sum",
-              op_host_sum, host);
+  if (decode) {
+    std::printf("| graph replay | %.2f | <= 1.10 x kernels: %.3f (%s) |\n", replay, ratio,
+                ratio <= 1.10 ? "met" : "NOT met");
+    std::printf("host time per call of each op of a decode layer, called alone:\n");
+    for (const auto& [name, us] : op_host_us) std::printf("  %-44s %8.2f us\n", name, us);
+    std::printf("  %-44s %8.2f us (forward() %.2f: the rest is the orchestrator's)\n", "sum",
+                op_host_sum, host);
+  } else {
+    std::printf("| eager device time / kernels | %.3f | <= 1.15 (%s) |\n", eager_ratio,
+                eager_ratio <= 1.15 ? "met" : "NOT met");
+  }
   std::printf("host time in CUDA API calls per layer forward (CUPTI, top 12):\n");
   for (size_t i = 0; i < std::min<size_t>(12, api_rows.size()); ++i) {
     const auto& [calls, ns] = g_api[api_rows[i].second];
@@ -501,24 +534,28 @@ int main(int argc, char** argv) {
       return 1;
     }
     std::fprintf(f,
-                 "{\"layers\": %lld, \"batch\": %lld, \"seq_len\": %lld, \"heads\": %lld, "
+                 "{\"layers\": %lld, \"batch\": %lld, \"seq_len\": %lld, \"query_len\": %lld, "
+                 "\"heads\": %lld, "
                  "\"workspace_bytes\": %lld, \"plan_step_us\": %.3f, \"eager_host_us_per_layer\": "
                  "%.3f, \"eager_device_us_per_layer\": %.3f, \"kernel_us_per_layer\": %.3f, "
                  "\"activities_per_layer\": %.2f, \"graph_us_per_layer\": %.3f, "
                  "\"graph_over_kernels\": %.4f, \"empty_launch_us\": %.3f, \"get_device_us\": "
                  "%.4f, \"get_last_error_us\": %.4f, \"op_host_us\": {",
                  static_cast<long long>(o.layers), static_cast<long long>(o.batch),
-                 static_cast<long long>(o.seq_len), static_cast<long long>(o.heads),
-                 static_cast<long long>(workspace.bytes()), plan_us, host, eager, kernel_us,
-                 activities_per_layer, replay, ratio, launch_us, get_device_us, get_last_error_us);
+                 static_cast<long long>(o.seq_len), static_cast<long long>(o.query_len),
+                 static_cast<long long>(o.heads), static_cast<long long>(workspace.bytes()),
+                 plan_us, host, eager, kernel_us, activities_per_layer, decode ? replay : 0.0,
+                 decode ? ratio : 0.0, launch_us, get_device_us, get_last_error_us);
     for (size_t i = 0; i < op_host_us.size(); ++i) {
       std::fprintf(f, "%s\"%s\": %.3f", i ? ", " : "", op_host_us[i].first, op_host_us[i].second);
     }
     std::fprintf(f, "}}\n");
     std::fclose(f);
   }
-  cudaGraphExecDestroy(exec);
-  cudaGraphDestroy(graph);
+  if (decode) {
+    cudaGraphExecDestroy(exec);
+    cudaGraphDestroy(graph);
+  }
   cudaStreamDestroy(stream);
   return 0;
 }
