@@ -212,6 +212,28 @@ def test_bad_device_scale_gives_nan_and_a_device_error(rng):
     mlakit.check_device_errors(DEV)  # cleared
 
 
+def test_cp_gather_and_upconvert_reports_rows_past_dst_on_the_device(rng):
+    """A request whose rows run past dst: the rows inside dst are written, the call reads nothing
+    on the host, and check_device_errors reports it (as the gather's bad block-table entry)."""
+    from test_compat_vllm import ds_mla_cache  # the hand-built fp8_ds_mla entries
+
+    cache = ds_mla_cache(rng, 4, 4)[0].to(DEV)
+    table = torch.tensor([[2, 0, 3, 1]], dtype=torch.int32, device=DEV)
+    dst = torch.full((10, 576), -3.5, dtype=torch.bfloat16, device=DEV)
+    lens = torch.tensor([5], dtype=torch.int32, device=DEV)
+    starts = torch.tensor([7], dtype=torch.int32, device=DEV)  # rows 7..11 of 10
+    vllm.cp_gather_and_upconvert_fp8_kv_cache(cache, dst, table, lens, starts, 1)
+    with pytest.raises(mlakit.MlakitError, match="block"):
+        mlakit.check_device_errors(DEV)
+    mlakit.check_device_errors(DEV)  # cleared
+    assert (dst[:7] == -3.5).all()
+    assert not torch.isnan(dst[7:]).any() and not (dst[7:] == -3.5).all()
+    # the same lengths inside dst: nothing reported
+    starts.fill_(2)
+    vllm.cp_gather_and_upconvert_fp8_kv_cache(cache, dst, table, lens, starts, 1)
+    mlakit.check_device_errors(DEV)
+
+
 def test_cp_gather_and_upconvert_graph_follows_new_lengths_and_starts(rng):
     """seq_lens / workspace_starts stay on the device: a replay after new lengths, new (out of
     order, gapped) starts and new cache bytes equals an eager call bit for bit; rows no request

@@ -108,8 +108,10 @@ def cp_gather_and_upconvert_fp8_kv_cache(src_cache, dst, block_table, seq_lens,
     seq_lens and workspace_starts are never read on the host: every dst row finds its request
     with device tensor ops, the entries are gathered into a staging buffer of dst's rows and
     merged into dst (torch.where), so the call is CUDA-graph safe (it moves about three times
-    dst's bytes); a row range reaching past dst is cut at its end. CPU tensors are checked on
-    the host first: such a range raises ValueError."""
+    dst's bytes); a row range reaching past dst (or a negative length or start) is cut at dst's
+    end and reported by mlakit.check_device_errors, as a block-table entry out of range of the
+    gather (one extra staging row reads block -1 when any range is bad). CPU tensors are checked
+    on the host first: such a range raises ValueError."""
     op = "vllm.cp_gather_and_upconvert_fp8_kv_cache"
     require_ndim(op, "src_cache", src_cache, 3, "[num_blocks, block_size, 656]")
     require_dtype(op, "src_cache", src_cache, (torch.uint8, FP8_DTYPE))
@@ -132,24 +134,29 @@ def cp_gather_and_upconvert_fp8_kv_cache(src_cache, dst, block_table, seq_lens,
     rows, num_blocks, block_size = dst.shape[0], src_cache.shape[0], src_cache.shape[1]
     if batch == 0 or rows == 0 or num_blocks == 0 or block_table.shape[1] == 0:
         return  # no entry to gather (a request claiming some anyway names no block it could)
-    request, position, valid = _rows_to_requests(seq_lens[:batch], workspace_starts[:batch],
-                                                 rows)
+    lens, starts = seq_lens[:batch].long(), workspace_starts[:batch].long()
+    request, position, valid = _rows_to_requests(lens, starts, rows)
     # Every dst row its own one-token request of the gather: block_table row t holds the block of
     # the entry row t takes, seq_starts[t] its slot in that block. Rows no request covers read
-    # slot 0 of block 0, and their staged values are dropped below.
+    # slot 0 of block 0, and their staged values are dropped below. One more staging row reads
+    # block 0, or block -1 when some request's rows do not fit dst: the gather then reports a bad
+    # index on the device (no host read), and skips that row.
     width = block_table.shape[1]
     column = torch.div(position, block_size, rounding_mode="floor").clamp(0, width - 1)
     block = torch.where(valid, block_table[request, column].long(), 0)
     slot = torch.where(valid, position % block_size, 0)
+    misfit = ((lens < 0) | ((lens > 0) & ((starts < 0) | (starts + lens > rows)))).any()
+    block = torch.cat([block, torch.where(misfit, -1, 0).reshape(1)])
+    slot = torch.cat([slot, torch.zeros(1, dtype=slot.dtype, device=slot.device)])
     device = dst.device
-    staged = torch.full((rows, DS_MLA_HEAD_DIM), float("nan"), dtype=torch.bfloat16,
+    staged = torch.full((rows + 1, DS_MLA_HEAD_DIM), float("nan"), dtype=torch.bfloat16,
                         device=device)
-    one_per_row = torch.arange(rows + 1, dtype=torch.int32, device=device)
+    one_per_row = torch.arange(rows + 2, dtype=torch.int32, device=device)
     _ops.gather_and_maybe_dequant_cache(src_cache.view(torch.uint8), staged,
                                         block.to(torch.int32).unsqueeze(1), one_per_row,
-                                        one_per_row[:rows], rows, "fp8_ds_mla", 1.0,
+                                        one_per_row[:rows + 1], rows + 1, "fp8_ds_mla", 1.0,
                                         slot.to(torch.int32))
-    dst.copy_(torch.where(valid[:, None], staged, dst))
+    dst.copy_(torch.where(valid[:, None], staged[:rows], dst))
 
 
 def _check_upconvert_rows(op, dst, seq_lens, workspace_starts, batch):
