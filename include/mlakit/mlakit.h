@@ -6,10 +6,11 @@
  *    what was given. Successful calls leave the message unchanged. No function aborts or lets an
  *    exception escape.
  *  - Tensors are DLPack DLTensors (dlpack.h), borrowed for the duration of the call only: shape
- *    and strides in elements, strides NULL = dense row-major, byte_offset honoured, at most 4
- *    dimensions, lanes 1. Element types: float32, float16, bfloat16 (kDLBfloat), float8 e4m3fn
- *    (kDLFloat8_e4m3fn; fp8 data may also be given as uint8), uint8, int32, int64. Devices:
- *    kDLCPU (and kDLCUDAHost, pinned host memory, read as host memory) and kDLCUDA.
+ *    and strides in elements (strides >= 0), strides NULL = dense row-major, byte_offset
+ *    honoured, at most 4 dimensions, lanes 1. Element types: float32, float16, bfloat16
+ *    (kDLBfloat), float8 e4m3fn (kDLFloat8_e4m3fn; fp8 data may also be given as uint8), uint8,
+ *    int32, int64. Devices: kDLCPU (and kDLCUDAHost, pinned host memory, read as host memory) and
+ *    kDLCUDA.
  *  - Optional tensors are passed as NULL.
  *  - `stream` is a cudaStream_t for CUDA tensors (NULL = the default stream); CPU calls ignore it
  *    and run synchronously on the calling thread (spreading work over OpenMP threads).
@@ -269,8 +270,8 @@ MLAKIT_API mlakit_status_t mlakit_mla_decode_scheduled(
     const mlakit_decode_schedule_t* schedule, const DLTensor* split_workspace, void* stream);
 /* The two decode entries above with q_scale and k_scale given as tensors, as vLLM and FlashMLA pass
  * their descales: each a float32 DLTensor of one element (any shape) or of shape [B] (request b's
- * value at [b], any stride) on the device of q, not overlapping out, lse or split_workspace; NULL
- * takes 1 (the float argument's default). A value applies where the float would (q_scale to an
+ * value at [b], any stride >= 0) on the device of q, not overlapping out, lse or split_workspace;
+ * NULL takes 1 (the float argument's default). A value applies where the float would (q_scale to an
  * fp8 q, k_scale to an fp8_e4m3 cache) and is checked everywhere. CPU: read at once and checked as
  * the floats are (a bad one returns MLAKIT_ERROR_INVALID_ARGUMENT naming "q_scale" or
  * "q_scale[b]"). CUDA: read by the kernel when it runs (the scheduled form is capturable in a CUDA

@@ -146,8 +146,9 @@ struct DecodeParams {
   // out.shape[3] unchecked (kept for callers that predate the argument; pass L).
   int64_t kv_lora_rank = 0;
   // q_scale and k_scale as tensors ("Scales as tensors" above, with one difference: f32 of one
-  // element (any shape) or a one-dimensional [B] tensor of one value per request, any stride), as
-  // vLLM and FlashMLA pass descale_q / descale_k; set, they replace the float of the same name.
+  // element (any shape) or a one-dimensional [B] tensor of one value per request, any stride
+  // >= 0), as vLLM and FlashMLA pass descale_q / descale_k; set, they replace the float of the
+  // same name.
   // Not overlapping out, lse or split_workspace. CPU: every value is read at once and checked as
   // the float is (finite and > 0, even where it does not apply; "q_scale[b]" names a bad one).
   // CUDA: the kernel reads them when it runs (capturable; replays use the values then held); a

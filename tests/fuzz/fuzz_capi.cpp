@@ -6,7 +6,8 @@
 // negative, huge), another device, a misaligned or NULL data pointer, a NULL tensor, bad scalars
 // (scales, kv_cache_dtype, counts). The ops that take a scale also run in their tensor-scale form
 // (and fp8 quantization as dynamic_scaled_fp8_quant), the scale a one-element f32 tensor that may
-// get one such defect itself.
+// get one such defect itself; the decode entries take q_scale and k_scale as NULL, one-element or
+// per-request [B] tensors (any stride), which may get a defect or sit inside an output's memory.
 //
 // Invariants (a violation aborts; the sanitizers abort on their own):
 //   - no crash, no AddressSanitizer or UndefinedBehaviorSanitizer report: nothing outside the
@@ -20,12 +21,20 @@
 //     is finite or -inf (never NaN or +inf) and an -inf row is 0; fp8 quantization of finite values
 //     gives no NaN code;
 //   - a success through a scale tensor had a tensor the library must accept (present, backed, f32,
-//     every dimension 1, 4-byte aligned, host memory) holding a value the float form accepts where
-//     it is used; the dynamic quantization of finite dense input wrote scale = amax(|input|) / 448
-//     exactly, and with it codes that are all 0 (scale 0) or include +-448 (the amax element).
+//     every dimension 1, 4-byte aligned, host memory, strides >= 0) holding a value the float form
+//     accepts where it is used; the dynamic quantization of finite dense input wrote scale =
+//     amax(|input|) / 448 exactly, and with it codes that are all 0 (scale 0) or include +-448 (the
+//     amax element);
+//   - decode scale tensors (mlakit.h): a success had each NULL or f32 of one element or [B], on the
+//     host, apart from out, lse and split_workspace, holding values finite and > 0 (checked whether
+//     or not they apply); a call valid but for its scales fails naming a bad one, and with valid
+//     tensors the first bad value as "q_scale[b]" / "k_scale[b]" ("q_scale" where one element
+//     serves every request).
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <deque>
 #include <string>
@@ -84,14 +93,16 @@ struct Call {
     t.values = std::move(values);
     return t;
   }
-  // Half of the calls stay valid; the others get one to three defects.
+  // Half of the calls stay valid; the others get one to three defects (counted in `defects`).
   void break_some(FuzzedDataProvider& in) {
     if (in.ConsumeBool()) return;
-    const int defects = in.ConsumeIntegralInRange(1, 3);
-    for (int i = 0; i < defects && !tensors.empty(); ++i) {
+    const int count = in.ConsumeIntegralInRange(1, 3);
+    for (int i = 0; i < count && !tensors.empty(); ++i) {
       mutate(in, tensors[in.ConsumeIntegralInRange<size_t>(0, tensors.size() - 1)]);
+      ++defects;
     }
   }
+  int defects = 0;
   void materialize_all(Rng& rng) {
     call_description().clear();
     for (FuzzTensor& t : tensors) {
@@ -129,14 +140,25 @@ const FuzzTensor& add_scale_tensor(FuzzedDataProvider& in, Rng& rng, Call& c, fl
   return s;
 }
 
-// Whether the library must accept `s` as a scale tensor, its value aside.
-bool valid_scale_tensor(const FuzzTensor& s) {
+// Whether the library must accept `s` as a scale tensor, its value aside: present, f32, host
+// memory, at most 4 dimensions, sizes and strides >= 0 (every tensor's rule), one element (any
+// shape) or, for a per-request scale of a `batch` >= 0, the shape [batch] (any stride), and memory
+// 4-byte aligned behind its elements.
+bool valid_scale_tensor(const FuzzTensor& s, int64_t batch = -1) {
   int32_t device_type = 0;  // any int (a defect): not read as the enum
   std::memcpy(&device_type, &s.device.device_type, sizeof(device_type));
-  bool one_element = s.shape.size() <= 4;
-  for (int64_t size : s.shape) one_element &= size == 1;
-  return !s.absent && s.backed && to_mlakit_dtype(s.dtype) == DType::kF32 && s.misalign % 4 == 0 &&
-         one_element && (device_type == kDLCPU || device_type == kDLCUDAHost);
+  bool non_negative = s.shape.size() <= 4, one_element = true;
+  for (int64_t size : s.shape) {
+    non_negative &= size >= 0;
+    one_element &= size == 1;
+  }
+  for (int64_t stride : s.strides) non_negative &= stride >= 0;
+  const bool per_request = batch >= 0 && s.shape.size() == 1 && s.shape[0] == batch;
+  // A [0] tensor (batch 0) has no element to back or align: its data pointer is not looked at.
+  const bool empty = per_request && batch == 0;
+  return !s.absent && non_negative && (one_element || per_request) &&
+         (empty || (s.backed && s.misalign % 4 == 0)) && to_mlakit_dtype(s.dtype) == DType::kF32 &&
+         (device_type == kDLCPU || device_type == kDLCUDAHost);
 }
 
 // A success through scale tensor `s` (holding `value`): the tensor was valid and, where the op
@@ -442,6 +464,157 @@ void fuzz_scaled_fp8_quant(FuzzedDataProvider& in, Rng& rng) {
   }
 }
 
+// A per-request scale of the decode entries (q_scale, k_scale as tensors) and what it holds.
+struct RequestScale {
+  const FuzzTensor* tensor = nullptr;
+  std::vector<float> values;  // the value request b reads ([batch]); 1 for NULL; empty: unreadable
+  const char* inside = nullptr;  // the output whose memory it was placed in (nullptr: its own)
+};
+
+// A scale argument of the decode entries: NULL (1), an f32 tensor of one element (rank 0 to 2) or
+// of shape [batch] (dense or with stride 0, 2 or 3), now and then on pinned host memory, holding
+// one drawn value per request. A third of the tensors get one defect; an eighth of the others are
+// placed inside the memory of one of `outputs` (if big enough), which the library must refuse.
+// Added to `c` after its other tensors were materialized, so that their contents do not depend on
+// this draw.
+RequestScale add_request_scale(FuzzedDataProvider& in, Rng& rng, Call& c, const char* name,
+                               int64_t batch, const std::vector<const FuzzTensor*>& outputs) {
+  FuzzTensor& s = c.add(name, {}, kDlF32);
+  RequestScale r;
+  r.tensor = &s;
+  const int form = in.ConsumeIntegralInRange(0, 4);
+  s.absent = form == 0;
+  const std::vector<int64_t> one_element[] = {{}, {1}, {1, 1}};
+  const int64_t strides[] = {0, 2, 3};
+  if (!s.absent) {
+    s.shape = form == 1 ? in.PickValueInArray(one_element) : std::vector<int64_t>{batch};
+    if (form == 4) s.strides = {in.PickValueInArray(strides)};
+    if (in.ConsumeIntegralInRange(0, 7) == 0) s.device = DLDevice{kDLCUDAHost, 0};
+  }
+  const bool defect = !s.absent && in.ConsumeIntegralInRange(0, 2) == 0;
+  if (defect) mutate(in, s);  // which may make it NULL
+  if (s.absent) {
+    r.values.assign(static_cast<size_t>(batch), 1.0f);
+    call_description() += describe(s) + "; ";
+    return r;
+  }
+  materialize(s, rng);
+  std::vector<float> drawn;
+  for (int64_t b = 0; b < std::max<int64_t>(batch, 1); ++b) drawn.push_back(draw_scale(in));
+  const bool placed_inside = !defect && in.ConsumeIntegralInRange(0, 7) == 0;
+  // Element offsets of a backed tensor (an unbacked one may claim any number of elements).
+  const std::vector<int64_t> offsets =
+      s.backed ? logical_offsets(s.shape, effective_strides(s)) : std::vector<int64_t>{};
+  if (placed_inside && !outputs.empty()) {
+    const FuzzTensor& target = *outputs[in.ConsumeIntegralInRange<size_t>(0, outputs.size() - 1)];
+    const int64_t extent =
+        offsets.empty() ? 0 : (*std::max_element(offsets.begin(), offsets.end()) + 1) * 4;
+    const int64_t room = dense_and_backed(target) ? numel(target) * element_bytes(target.dtype) : 0;
+    if (extent > 0 && extent <= room && target.tensor.byte_offset % 4 == 0) {
+      s.tensor.data = target.tensor.data;
+      s.tensor.byte_offset =
+          target.tensor.byte_offset +
+          4 * in.ConsumeIntegralInRange<uint64_t>(0, static_cast<uint64_t>(room - extent) / 4);
+      r.inside = target.name;
+    }
+  }
+  const bool readable = s.backed && to_mlakit_dtype(s.dtype) == DType::kF32;
+  unsigned char* base = static_cast<unsigned char*>(s.tensor.data) + s.tensor.byte_offset;
+  if (readable) {
+    for (size_t i = 0; i < offsets.size(); ++i) {
+      std::memcpy(base + 4 * offsets[i], &drawn[i % drawn.size()], sizeof(float));
+    }
+  }
+  // What request b reads: element 0 of a one-element tensor, element b of a [batch] one.
+  const bool one = numel(s) == 1, per_request = s.shape.size() == 1 && s.shape[0] == batch;
+  if (readable && (one || per_request)) {
+    for (int64_t b = 0; b < batch; ++b) {
+      float v = 0.0f;
+      std::memcpy(&v, base + 4 * (one ? 0 : offsets[static_cast<size_t>(b)]), sizeof(v));
+      r.values.push_back(v);
+    }
+  }
+  call_description() +=
+      describe(s) + (r.inside ? std::string(" inside ") + r.inside : "") + " values";
+  for (float v : r.values) call_description() += " " + std::to_string(v);
+  call_description() += "; ";
+  return r;
+}
+
+// Whether the library must accept `r` as a decode scale (its values aside); `early`: only the
+// problems it checks before the schedule (all but an overlap with split_workspace).
+bool valid_request_scale(const RequestScale& r, int64_t batch, bool early = false) {
+  if (r.tensor->absent) return true;
+  const bool apart = r.inside == nullptr || (early && std::string(r.inside) == "split_workspace");
+  return apart && valid_scale_tensor(*r.tensor, batch);
+}
+
+// The first request whose value is not finite and > 0 (-1: none).
+int64_t first_bad_value(const RequestScale& r) {
+  for (size_t b = 0; b < r.values.size(); ++b) {
+    if (!std::isfinite(r.values[b]) || !(r.values[b] > 0.0f)) return static_cast<int64_t>(b);
+  }
+  return -1;
+}
+
+float largest_value(const RequestScale& r) {
+  float largest = 0.0f;
+  for (float v : r.values) largest = std::max(largest, v);
+  return largest;
+}
+
+// The decode scales' invariants. A success had valid tensors, apart from the outputs, holding
+// values that are finite and > 0 (checked whether or not they apply). A failure of a call whose
+// other arguments are valid (`clean`) names a scale that is bad: with a bad tensor, one that is bad
+// (tensor or values); with valid tensors, the first bad value, "q_scale[b]" (q_scale before
+// k_scale) or "q_scale" where one element serves every request; otherwise neither scale.
+void expect_decode_scales(mlakit_status_t status, const RequestScale& q_scale,
+                          const RequestScale& k_scale, int64_t batch, bool clean) {
+  const RequestScale* scales[] = {&q_scale, &k_scale};
+  if (status == MLAKIT_OK) {
+    for (const RequestScale* r : scales) {
+      MLAKIT_FUZZ_EXPECT(valid_request_scale(*r, batch),
+                         std::string("mla_decode accepted a bad ") + r->tensor->name + " tensor");
+      const int64_t b = first_bad_value(*r);
+      MLAKIT_FUZZ_EXPECT(b < 0, std::string("mla_decode accepted ") + r->tensor->name + "[" +
+                                    std::to_string(b) + "] = " + std::to_string(r->values[b]));
+    }
+    return;
+  }
+  if (!clean) return;
+  const std::string message = mlakit_last_error();
+  auto names = [&](const RequestScale& r) {
+    return message.rfind(std::string("mla_decode: ") + r.tensor->name, 0) == 0;
+  };
+  if (!valid_request_scale(q_scale, batch, true) || !valid_request_scale(k_scale, batch, true)) {
+    bool named_bad = false;
+    for (const RequestScale* r : scales) {
+      named_bad |= names(*r) && (!valid_request_scale(*r, batch, true) || first_bad_value(*r) >= 0);
+    }
+    MLAKIT_FUZZ_EXPECT(named_bad, "mla_decode: a bad scale tensor, but the message is: " + message);
+    return;
+  }
+  for (const RequestScale* r : scales) {
+    const int64_t b = first_bad_value(*r);
+    if (b < 0) continue;
+    const FuzzTensor& t = *r->tensor;
+    const bool shared = numel(t) == 1 || effective_strides(t)[0] == 0;
+    const std::string rule = " must be finite and > 0";
+    const std::string indexed =
+        "mla_decode: " + std::string(t.name) + "[" + std::to_string(b) + "]";
+    const bool named =
+        message.rfind(indexed + rule, 0) == 0 ||
+        (shared && message.rfind("mla_decode: " + std::string(t.name) + rule, 0) == 0);
+    MLAKIT_FUZZ_EXPECT(named, "mla_decode: bad value " + std::to_string(r->values[b]) + " of " +
+                                  indexed + ", but the message is: " + message);
+    return;
+  }
+  for (const RequestScale* r : scales) {
+    MLAKIT_FUZZ_EXPECT(!names(*r) || !valid_request_scale(*r, batch),
+                       "mla_decode: a valid scale is blamed: " + message);
+  }
+}
+
 void fuzz_mla_decode(FuzzedDataProvider& in, Rng& rng, bool scheduled) {
   const Dims d = draw_dims(in);
   const std::vector<int64_t> lens = draw_seq_lens(in, rng, d);
@@ -476,16 +649,43 @@ void fuzz_mla_decode(FuzzedDataProvider& in, Rng& rng, bool scheduled) {
   c.materialize_all(rng);
   auto& t = c.tensors;
   const int64_t rank = in.ConsumeBool() ? d.rank : odd_size(in, d.rank);
-  const float scale = draw_scale(in), q_scale = draw_scale(in), k_scale = draw_scale(in);
+  const float scale = draw_scale(in);
+  float q_scale = draw_scale(in), k_scale = draw_scale(in);
   const int32_t kv_format = draw_kv_format(in, d.kv_format);
-  const mlakit_status_t status =
-      scheduled ? mlakit_mla_decode_scheduled(t[0].ptr(), t[1].ptr(), t[2].ptr(), t[3].ptr(),
-                                              t[4].ptr(), t[5].ptr(), rank, scale, kv_format,
-                                              q_scale, k_scale, schedule, t[6].ptr(), nullptr)
-                : mlakit_mla_decode(t[0].ptr(), t[1].ptr(), t[2].ptr(), t[3].ptr(), t[4].ptr(),
-                                    t[5].ptr(), rank, scale, kv_format, q_scale, k_scale);
+  mlakit_status_t status;
+  // The form is drawn last, so that inputs from before the tensor form keep their meaning.
+  if (!in.ConsumeBool()) {
+    status = scheduled
+                 ? mlakit_mla_decode_scheduled(t[0].ptr(), t[1].ptr(), t[2].ptr(), t[3].ptr(),
+                                               t[4].ptr(), t[5].ptr(), rank, scale, kv_format,
+                                               q_scale, k_scale, schedule, t[6].ptr(), nullptr)
+                 : mlakit_mla_decode(t[0].ptr(), t[1].ptr(), t[2].ptr(), t[3].ptr(), t[4].ptr(),
+                                     t[5].ptr(), rank, scale, kv_format, q_scale, k_scale);
+    expect_status("mla_decode", status);
+  } else {
+    // The scale tensors' batch is q's as the call describes it (a defect may have changed it).
+    const int64_t batch = t[0].shape.empty() ? 0 : std::clamp<int64_t>(t[0].shape[0], 0, 64);
+    std::vector<const FuzzTensor*> outputs = {&t[4], &t[5]};
+    if (scheduled) outputs.push_back(&t[6]);
+    const RequestScale qs = add_request_scale(in, rng, c, "q_scale", batch, outputs);
+    const RequestScale ks = add_request_scale(in, rng, c, "k_scale", batch, outputs);
+    status = scheduled ? mlakit_mla_decode_scheduled_tensor_scale(
+                             t[0].ptr(), t[1].ptr(), t[2].ptr(), t[3].ptr(), t[4].ptr(), t[5].ptr(),
+                             rank, scale, kv_format, qs.tensor->ptr(), ks.tensor->ptr(), schedule,
+                             t[6].ptr(), nullptr)
+                       : mlakit_mla_decode_tensor_scale(
+                             t[0].ptr(), t[1].ptr(), t[2].ptr(), t[3].ptr(), t[4].ptr(), t[5].ptr(),
+                             rank, scale, kv_format, qs.tensor->ptr(), ks.tensor->ptr());
+    expect_status("mla_decode", status);
+    // Valid but for the scales: no tensor defect, the cache format, rank and scale as built and a
+    // schedule (the scales are checked before the schedule and the index contents).
+    const bool clean = c.defects == 0 && kv_format == d.kv_format && rank == d.rank &&
+                       std::isfinite(scale) && scale > 0.0f && (!scheduled || schedule);
+    expect_decode_scales(status, qs, ks, batch, clean);
+    q_scale = largest_value(qs);
+    k_scale = largest_value(ks);
+  }
   mlakit_decode_schedule_destroy(schedule);
-  expect_status("mla_decode", status);
   const bool finite_inputs = d.kv_format != MLAKIT_KV_CACHE_FP8_DS_MLA && moderate(scale) &&
                              moderate(q_scale) && moderate(k_scale) && dense_and_backed(t[0]) &&
                              dense_and_backed(t[1]);
@@ -676,6 +876,7 @@ void fuzz_parse_kv_cache_dtype(FuzzedDataProvider& in) {
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   using namespace mlakit::fuzz;
   FuzzedDataProvider in(data, size);
+  call_description().clear();
   Rng rng(in.ConsumeIntegral<uint32_t>());
   switch (in.ConsumeIntegralInRange(0, 9)) {
     case 0:
@@ -708,6 +909,13 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     default:
       fuzz_parse_kv_cache_dtype(in);
       break;
+  }
+  // Replaying inputs (fuzz_capi FILE...) with MLAKIT_FUZZ_PRINT_CALL set prints each call's
+  // tensors and the last error message (which a success may leave from an earlier call): how to
+  // pick corpus seeds that reach a given entry point.
+  if (std::getenv("MLAKIT_FUZZ_PRINT_CALL") != nullptr) {
+    std::fprintf(stderr, "call: %s\n  last error: %s\n", call_description().c_str(),
+                 mlakit_last_error());
   }
   return 0;
 }
