@@ -345,6 +345,14 @@ def test_mla_decode_kvcache_cpu_reports_bad_arguments(rng):
         vllm.mla_decode_kvcache_cpu(out.unsqueeze(0), query, cache, 0.04, table, lens)
     with pytest.raises(mlakit.MlakitError, match="out"):  # 500 latent values: not the cache's
         vllm.mla_decode_kvcache_cpu(out[..., :500], query, cache, 0.04, table, lens)
+    with pytest.raises(TypeError, match="kv_cache must have query's dtype bfloat16, got float16"):
+        vllm.mla_decode_kvcache_cpu(out, query, cache.half(), 0.04, table, lens)
+    with pytest.raises(TypeError, match="block_tables must have dtype int32, got int64"):
+        vllm.mla_decode_kvcache_cpu(out, query, cache, 0.04, table.long(), lens)
+    with pytest.raises(ValueError, match="seq_lens has 1 requests, query 2"):
+        vllm.mla_decode_kvcache_cpu(out, query, cache, 0.04, table, lens[:1])
+    with pytest.raises(ValueError, match="out has 3 heads, query 4"):
+        vllm.mla_decode_kvcache_cpu(out[:, :3], query, cache, 0.04, table, lens)
 
 
 # ---- merge_attn_states ---------------------------------------------------------------------------

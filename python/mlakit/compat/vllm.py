@@ -203,6 +203,20 @@ def mla_decode_kvcache_cpu(out, query, kv_cache, scale, block_tables, seq_lens):
     require_ndim(op, "out", out, 3, "[B, N, kv_lora_rank]")
     require_ndim(op, "query", query, 3, "[B, N, kv_lora_rank + rope_dim]")
     require_ndim(op, "kv_cache", kv_cache, 3, "[num_blocks, block_size, kv_lora_rank + rope_dim]")
+    require_ndim(op, "block_tables", block_tables, 2, "[B, max_blocks]")
+    require_ndim(op, "seq_lens", seq_lens, 1, "[B]")
+    require_dtype(op, "query", query, (torch.bfloat16, torch.float16, torch.float32))
+    for name, t in (("out", out), ("kv_cache", kv_cache)):  # vLLM's kernel: one dtype for all
+        if t.dtype != query.dtype:
+            fail(op, f"{name} must have query's dtype {str(query.dtype).removeprefix('torch.')}, "
+                     f"got {str(t.dtype).removeprefix('torch.')}", TypeError)
+    require_dtype(op, "block_tables", block_tables, (torch.int32,))
+    require_dtype(op, "seq_lens", seq_lens, (torch.int32,))
+    for name, t in (("out", out), ("block_tables", block_tables), ("seq_lens", seq_lens)):
+        if t.shape[0] != query.shape[0]:
+            fail(op, f"{name} has {t.shape[0]} requests, query {query.shape[0]}")
+    if out.shape[1] != query.shape[1]:
+        fail(op, f"out has {out.shape[1]} heads, query {query.shape[1]}")
     lse = torch.empty(query.shape[:2], dtype=torch.float32, device=query.device).unsqueeze(1)
     _ops.mla_decode(query.unsqueeze(1), kv_cache, block_tables, seq_lens, out.unsqueeze(1), lse,
                     float(scale), "auto", kv_lora_rank=query.shape[-1] - ROPE_DIM)
