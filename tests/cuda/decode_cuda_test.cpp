@@ -299,6 +299,35 @@ TEST(MlaDecodeCuda, SixtyFourRowTilesOverSixteenBitCaches) {
   }
 }
 
+// The wgmma kernel loads a segment's q tile by TMA when q is in the MMA element type with whole
+// heads per 64 rows (N a multiple or a divisor of 64) and 16-byte strides: tiles of one query's
+// heads, of several queries (N 16, 32), and past the last query (zero-filled rows: s_q N not a
+// multiple of 64); otherwise its threads load q: N 48, a q row padding of 3 elements (unaligned
+// strides), an f16 q over a bf16 cache (converted).
+TEST(MlaDecodeCuda, QTilesByTmaAndByThreads) {
+  MLAKIT_SKIP_WITHOUT_GPU();
+  uint64_t stream = 270;
+  struct Shape {
+    int64_t heads, s_q, q_pad;
+    DType q_dtype;
+  };
+  for (const Shape& shape : {Shape{128, 1, 0, DType::kBF16}, Shape{64, 2, 0, DType::kBF16},
+                             Shape{32, 5, 0, DType::kBF16}, Shape{16, 3, 0, DType::kBF16},
+                             Shape{16, 4, 8, DType::kBF16}, Shape{48, 2, 0, DType::kBF16},
+                             Shape{128, 2, 3, DType::kBF16}, Shape{64, 1, 0, DType::kF16}}) {
+    Case c;
+    c.seq_lens = {700, 5, 0, 129, 64};
+    c.heads = shape.heads;
+    c.s_q = shape.s_q;
+    c.q_pad = shape.q_pad;
+    c.q_dtype = shape.q_dtype;
+    c.out_dtype = DType::kBF16;
+    SCOPED_TRACE(testing::Message() << "heads " << shape.heads << " s_q " << shape.s_q << " q_pad "
+                                    << shape.q_pad << " q " << dtype_name(shape.q_dtype));
+    check_case(c, stream++);
+  }
+}
+
 // The wgmma kernel reads pages with TMA boxes: one box per page for block sizes 8, 16 and 32,
 // a 64-slot box of the page for multiples of 64; a block size no box fits (24) takes the mma.sync
 // 64-row kernel. Lengths end mid-tile and mid-page over NaN-poisoned slots.

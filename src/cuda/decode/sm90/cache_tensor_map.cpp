@@ -3,6 +3,7 @@
 #include <cudaTypedefs.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstdint>
 
 #include "core/check.hpp"
@@ -60,6 +61,36 @@ CUtensorMap make_cache_tensor_map(const DecodeKernelParams& p) {
                  detail::str_cat("mla_decode: cuTensorMapEncodeTiled refused the kv_cache (error ",
                                  static_cast<int>(status), ")"));
   }
+  return map;
+}
+
+std::optional<CUtensorMap> make_q_tensor_map(const DecodeKernelParams& p, RuntimeDType element) {
+  const int64_t heads = p.num_heads;
+  const bool whole_heads =
+      heads > 0 && (heads % kDecodeRowsLarge == 0 || kDecodeRowsLarge % heads == 0);
+  constexpr int64_t kBytes = 2;  // a 16-bit q value
+  const bool aligned = reinterpret_cast<uintptr_t>(p.q) % kTmaAlignment == 0 &&
+                       (p.q_stride_head * kBytes) % kTmaAlignment == 0 &&
+                       (p.q_stride_query * kBytes) % kTmaAlignment == 0 &&
+                       (p.q_stride_batch * kBytes) % kTmaAlignment == 0;
+  if (p.q_dtype != element || !whole_heads || !aligned || p.batch <= 0 || p.s_q <= 0) {
+    return std::nullopt;
+  }
+  const int64_t box_heads = std::min<int64_t>(heads, kDecodeRowsLarge);
+  CUtensorMap map;
+  const cuuint64_t dims[4] = {static_cast<cuuint64_t>(kDimQK), static_cast<cuuint64_t>(heads),
+                              static_cast<cuuint64_t>(p.s_q), static_cast<cuuint64_t>(p.batch)};
+  const cuuint64_t strides[3] = {static_cast<cuuint64_t>(p.q_stride_head * kBytes),
+                                 static_cast<cuuint64_t>(p.q_stride_query * kBytes),
+                                 static_cast<cuuint64_t>(p.q_stride_batch * kBytes)};
+  const cuuint32_t box[4] = {kBoxValues, static_cast<cuuint32_t>(box_heads),
+                             static_cast<cuuint32_t>(kDecodeRowsLarge / box_heads), 1};
+  const cuuint32_t element_strides[4] = {1, 1, 1, 1};
+  const CUresult status = encode_function()(
+      &map, CU_TENSOR_MAP_DATA_TYPE_UINT16, 4, const_cast<void*>(p.q), dims, strides, box,
+      element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+      CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  if (status != CUDA_SUCCESS) return std::nullopt;  // e.g. strides the driver does not take
   return map;
 }
 

@@ -1,10 +1,15 @@
-// The TMA description of a native 16-bit paged latent cache, for the wgmma decode kernel's copies
-// (kernel_wgmma.cuh): a 3-D tensor (576 values, block_size slots, num_blocks pages), innermost
-// first, read in boxes of 64 values x min(block_size, 64) slots of one page, 128-byte swizzled (the
-// wgmma operand layout, traits_wgmma.cuh).
+// The TMA descriptions of the wgmma decode kernel's copies (kernel_wgmma.cuh), 128-byte swizzled
+// (the wgmma operand layout, traits_wgmma.cuh):
+//  - a native 16-bit paged latent cache: a 3-D tensor (576 values, block_size slots, num_blocks
+//    pages), innermost first, read in boxes of 64 values x min(block_size, 64) slots of one page;
+//  - q: a 4-D tensor (576 values, N heads, s_q queries, B requests), read in boxes of 64 values x
+//    min(N, 64) heads x 64 / min(N, 64) queries: one box per column block of a CTA's 64 rows
+//    (rows r = j N + n), rows past the request's s_q N zero-filled by TMA.
 #pragma once
 
 #include <cuda.h>
+
+#include <optional>
 
 #include "cuda/decode/sm90/params.cuh"
 
@@ -22,5 +27,11 @@ bool cache_tensor_map_supported(const DecodeKernelParams& p);
 // Builds the map (host; a driver call). Requires cache_tensor_map_supported(p); throws
 // mlakit::Error(kBackend) if the driver refuses it.
 CUtensorMap make_cache_tensor_map(const DecodeKernelParams& p);
+
+// q's map when TMA can load the kernel's q tiles as they are: q already in the MMA element type
+// `element` (no conversion), 64 rows of whole heads (N a multiple or a divisor of 64), base and
+// strides multiples of 16 bytes, and the driver takes the description; else nullopt (the kernel's
+// threads load and convert q).
+std::optional<CUtensorMap> make_q_tensor_map(const DecodeKernelParams& p, RuntimeDType element);
 
 }  // namespace mlakit::cuda::decode_sm90

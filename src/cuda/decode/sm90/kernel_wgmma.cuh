@@ -111,12 +111,14 @@ __device__ __forceinline__ void barrier_sync(DecodeBarrier b, int stage) {
 
 // One segment of the CTA's work (make_work_item), as in kernel.cuh's decode_segment. `smem`: the
 // dynamic shared memory rounded up to kBaseAlignment. `full_phase`: bit s is the parity of the
-// next phase of stage s's mbarrier (score warpgroup; kept across segments).
+// next phase of stage s's mbarrier, `q_phase` that of the q tile's (score warpgroup; kept across
+// segments).
 template <class Cfg>
 __device__ __forceinline__ void decode_segment_wgmma(const DecodeKernelParams& p,
                                                      const CUtensorMap& cache_map,
-                                                     const WorkItem& w, uint8_t* smem,
-                                                     uint32_t& full_phase) {
+                                                     const CUtensorMap& q_map, const WorkItem& w,
+                                                     uint8_t* smem, uint32_t& full_phase,
+                                                     uint32_t& q_phase) {
   using namespace cute;
   using L = WgmmaLayouts<Cfg>;
   using T = typename L::T;
@@ -206,15 +208,30 @@ __device__ __forceinline__ void decode_segment_wgmma(const DecodeKernelParams& p
     }
     if (tile + 1 < w.num_tiles) lookup_tile_pages(tile + 1);
   };
+  // q: by TMA, the CTA's 64 rows (rows r = j N + n from row0, whole heads) as 9 boxes of 64
+  // columns on the q mbarrier, issued first (the scores need it before any tile); else by the
+  // threads, converted to the MMA element type.
+  const uint32_t q_barrier = smem_addr(smem + Cfg::kQBarrierOffset);
   if (w.num_tiles > 0) {
     if (producer) {
+      if (p.q_by_tma) {
+        const DivMod jn = fast_divmod(w.row0, p.heads_div);  // first row: (query, head)
+        mbarrier_arrive_expect_tx(q_barrier, Cfg::kQBytes);
+#pragma unroll
+        for (int b = 0; b < kRowBytes / kSwizzleBytes; ++b) {
+          tma_load_4d(smem_addr(smem + Cfg::kQOffset) + b * Cfg::kBlockM * kSwizzleBytes, &q_map,
+                      q_barrier, b * (kSwizzleBytes / 2), jn.remainder, jn.quotient, w.batch_index);
+        }
+      }
       lookup_tile_pages(0);
       for (int t = 0; t < Cfg::kStages && t < w.num_tiles; ++t) issue_tile(t);
     }
-    load_q_tile<Cfg>(p, w, smem + Cfg::kQOffset);
-    fence_shared_for_wgmma();  // this thread's q stores become visible to wgmma
+    if (!p.q_by_tma) {
+      load_q_tile<Cfg>(p, w, smem + Cfg::kQOffset);
+      fence_shared_for_wgmma();  // this thread's q stores become visible to wgmma
+    }
   }
-  __syncthreads();  // q is complete
+  __syncthreads();  // q is complete (thread loads) or on its way (TMA)
 
   float m_run[2] = {-INFINITY, -INFINITY};  // score warpgroup: running max of the row, log2 units
   float l_run[2] = {0.0f, 0.0f};            // score warpgroup: this thread's share of the row sum
@@ -239,6 +256,10 @@ __device__ __forceinline__ void decode_segment_wgmma(const DecodeKernelParams& p
     }
 
     const float score_scale_log2 = score_factor<Cfg>(p, w);
+    if (p.q_by_tma && w.num_tiles > 0) {
+      mbarrier_wait(q_barrier, q_phase);  // the q tile has landed
+      q_phase ^= 1u;
+    }
     for (int t = 0; t < w.num_tiles; ++t) {
       const int st = t % Cfg::kStages;
       mbarrier_wait(full_barrier + 8 * st, (full_phase >> st) & 1u);  // tile t has landed
@@ -359,7 +380,8 @@ __device__ __forceinline__ void decode_segment_wgmma(const DecodeKernelParams& p
 template <class Cfg>
 __global__ void __launch_bounds__(kThreads, 1)
     mla_decode_sm90_wgmma_kernel(const __grid_constant__ DecodeKernelParams p,
-                                 const __grid_constant__ CUtensorMap cache_map) {
+                                 const __grid_constant__ CUtensorMap cache_map,
+                                 const __grid_constant__ CUtensorMap q_map) {
   extern __shared__ __align__(1024) uint8_t smem_raw[];
   uint8_t* const smem =
       smem_raw + (-static_cast<int>(smem_addr(smem_raw)) & (Cfg::kBaseAlignment - 1));
@@ -370,14 +392,15 @@ __global__ void __launch_bounds__(kThreads, 1)
     for (int st = 0; st < Cfg::kStages; ++st) {
       mbarrier_init(smem_addr(smem + Cfg::kFullBarrierOffset + 8 * st), 1);  // the producer
     }
+    mbarrier_init(smem_addr(smem + Cfg::kQBarrierOffset), 1);  // the producer
   }
   fence_mbarrier_init();  // the initialized mbarriers become visible to the TMA unit
   __syncthreads();
-  uint32_t full_phase = 0;
+  uint32_t full_phase = 0, q_phase = 0;
   for (int segment = work.segment_begin; segment < work.segment_end; ++segment) {
     if (segment > work.segment_begin) __syncthreads();  // the last one is done with shared memory
-    decode_segment_wgmma<Cfg>(p, cache_map, make_work_item<Cfg>(p, work.row0, segment), smem,
-                              full_phase);
+    decode_segment_wgmma<Cfg>(p, cache_map, q_map, make_work_item<Cfg>(p, work.row0, segment), smem,
+                              full_phase, q_phase);
   }
   bulk_wait();  // this thread's bulk stores of partial rows, if any, have completed
 }

@@ -4,6 +4,9 @@
 
 #include <cuda_runtime.h>
 
+#include <optional>
+#include <type_traits>
+
 #include "cuda/decode/sm90/cache_tensor_map.hpp"
 #include "cuda/decode/sm90/instantiations.cuh"
 #include "cuda/decode/sm90/kernel_wgmma.cuh"
@@ -14,10 +17,16 @@ namespace mlakit::cuda::decode_sm90 {
 template <class Cfg>
 void launch_decode_wgmma_kernel(const DecodeKernelParams& params, dim3 grid, cudaStream_t stream) {
   const CUtensorMap cache_map = make_cache_tensor_map(params);
+  constexpr RuntimeDType kElement =
+      std::is_same_v<typename Cfg::Element, Bf16Mma> ? RuntimeDType::kBF16 : RuntimeDType::kF16;
+  const std::optional<CUtensorMap> q_map = make_q_tensor_map(params, kElement);
+  DecodeKernelParams p = params;
+  p.q_by_tma = q_map.has_value();
   const auto kernel = &mla_decode_sm90_wgmma_kernel<Cfg>;
   set_max_dynamic_smem(reinterpret_cast<const void*>(kernel), Cfg::kSmemBytes, "mla_decode");
   launch_kernel_overlapped("mla_decode", "mla_decode_sm90_wgmma_kernel", kernel, grid,
-                           dim3(kThreads), Cfg::kSmemBytes, stream, params, cache_map);
+                           dim3(kThreads), Cfg::kSmemBytes, stream, p, cache_map,
+                           q_map.value_or(CUtensorMap{}));
 }
 
 }  // namespace mlakit::cuda::decode_sm90

@@ -23,6 +23,9 @@ struct DecodeKernelParams {
   int64_t q_stride_batch, q_stride_query, q_stride_head;
   RuntimeDType q_dtype;
   bool q_rows_16b_aligned;  // every q row starts on a 16-byte boundary (vector loads)
+  // The wgmma kernel loads a segment's q tile by TMA (its launcher's q tensor map) instead of
+  // thread loads: q in the MMA element type, tiles of whole heads (q_tensor_map_supported).
+  bool q_by_tma;
 
   // kv_cache: [num_blocks, block_size, entry] (entry bytes fixed by the cache format)
   const uint8_t* cache;

@@ -66,7 +66,10 @@ struct WgmmaConfig {
   // The kernel rounds the dynamic shared-memory base up to the 1024-byte swizzle alignment (the
   // hardware swizzles by absolute address bits), which may skip up to this much.
   static constexpr int kBaseAlignment = 1024;
-  static constexpr int kSmemBytes = kFullBarrierOffset + kStages * 8 + kBaseAlignment;
+  // The q tile's mbarrier (8 bytes): its phase completes when a segment's q tile has landed
+  // (q loaded by TMA, DecodeKernelParams::q_by_tma).
+  static constexpr int kQBarrierOffset = kFullBarrierOffset + kStages * 8;
+  static constexpr int kSmemBytes = kQBarrierOffset + 8 + kBaseAlignment;
 
   // Byte offset of 16-byte chunk `chunk` of row `row` in the q tile or a K tile (both 64 rows).
   __host__ __device__ static constexpr uint32_t operand_offset(int row, int chunk) {
