@@ -70,9 +70,10 @@ struct Case {
         return cache_dtype;  // fp8_ds_mla: the rope dtype
     }
   }
-  // E holds q and the keys exactly (no rounding on the way into the MMAs).
+  // E holds q and the keys exactly (no rounding on the way into the MMAs): q already in E (or
+  // fp8, converted to f16 exactly), and no per-block scale.
   bool exact_inputs() const {
-    return kv_dtype != KvCacheDType::kFp8DsMla && q_dtype != DType::kF32;
+    return kv_dtype != KvCacheDType::kFp8DsMla && (q_dtype == mma_dtype() || is_fp8(q_dtype));
   }
   std::string name() const {
     return testing::PrintToString(seq_lens) + " s_q " + std::to_string(s_q) + " N " +
