@@ -92,6 +92,8 @@ inline constexpr int kScoresZeroed = 5;  // the score warpgroup alone (128 threa
 inline constexpr int kMaxPagesPerTile = 8;
 // k-blocks of a wgmma m64n64k16 (16 columns) per 128-byte column block (64 columns).
 inline constexpr int kKBlocksPerColumnBlock = kSwizzleBytes / 2 / 16;
+// Column blocks per wgmma batch of the scores: each batch starts when its blocks have landed.
+inline constexpr int kScoreBatchBlocks = 1;
 
 // Zeroes the values (the first 512 columns) of keys [valid_keys, 64) of a stage; run by the 128
 // threads of the score warpgroup (`tid` < 128).
@@ -289,16 +291,24 @@ __device__ __forceinline__ void decode_segment_wgmma(const DecodeKernelParams& p
       }
       const auto k_desc =
           thr_s.partition_fragment_B(make_tensor(smem_t(stage(t)), typename L::Operand{}));
-      // S = q K_t^T, column block by column block as each lands: per block a wait, a fence, its
-      // 4 MMAs and a commit (the MMAs of earlier blocks stay in flight); then one wait for all.
+      // S = q K_t^T, in batches of kScoreBatchBlocks column blocks as they land: per batch the
+      // waits for its blocks, a fence, its MMAs and a commit (the MMAs of earlier batches stay in
+      // flight); then one wait for all.
       warpgroup_fence_operand(acc_s);
       mma_s.accumulate_ = GMMA::ScaleOut::Zero;
       CUTE_UNROLL
-      for (int b = 0; b < Cfg::kColumnBlocks; ++b) {
-        mbarrier_wait(full_barrier(st, b), parity);
+      for (int b0 = 0; b0 < Cfg::kColumnBlocks; b0 += kScoreBatchBlocks) {
+        constexpr int kLast = Cfg::kColumnBlocks;
+        CUTE_UNROLL
+        for (int b = b0; b < b0 + kScoreBatchBlocks && b < kLast; ++b) {
+          mbarrier_wait(full_barrier(st, b), parity);
+        }
         warpgroup_arrive();
         CUTE_UNROLL
-        for (int k = b * kKBlocksPerColumnBlock; k < (b + 1) * kKBlocksPerColumnBlock; ++k) {
+        for (int k = b0 * kKBlocksPerColumnBlock;
+             k < (b0 + kScoreBatchBlocks) * kKBlocksPerColumnBlock &&
+             k < kLast * kKBlocksPerColumnBlock;
+             ++k) {
           cute::gemm(mma_s, q_desc(_, _, k), k_desc(_, _, k), acc_s);
           mma_s.accumulate_ = GMMA::ScaleOut::One;
         }
