@@ -93,7 +93,8 @@ inline constexpr int kMaxPagesPerTile = 8;
 // k-blocks of a wgmma m64n64k16 (16 columns) per 128-byte column block (64 columns).
 inline constexpr int kKBlocksPerColumnBlock = kSwizzleBytes / 2 / 16;
 // Column blocks per wgmma batch of the scores: each batch starts when its blocks have landed.
-inline constexpr int kScoreBatchBlocks = 1;
+// Measured (H100, 2026-12-06): 3 beat 1 and 5 (bench/results/2026-12-06-h100-decode-sbatch-ab.md).
+inline constexpr int kScoreBatchBlocks = 3;
 
 // Zeroes the values (the first 512 columns) of keys [valid_keys, 64) of a stage; run by the 128
 // threads of the score warpgroup (`tid` < 128).
