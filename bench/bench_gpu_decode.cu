@@ -27,6 +27,7 @@
 #include <string>
 #include <vector>
 
+#include "cuda/decode/schedule.hpp"
 #include "mlakit/kv_cache.hpp"
 #include "mlakit/ops.hpp"
 #include "mlakit/plan.hpp"
@@ -326,7 +327,8 @@ struct Row {
   double flashmla_us, floor_us;
 };
 
-Row run_case(const Case& c, const Ceilings& ceil, cudaStream_t stream) {
+// forced_parts > 0: that many parts per row tile instead of the library's choice (one CTA per SM).
+Row run_case(const Case& c, const Ceilings& ceil, int64_t forced_parts, cudaStream_t stream) {
   const int64_t batch = static_cast<int64_t>(c.seq_lens.size());
   const int64_t entry_bytes = entry_bytes_of(c.kv_dtype);
   const int64_t elem = dtype_size(c.q_dtype);  // q bytes per value
@@ -343,9 +345,13 @@ Row run_case(const Case& c, const Ceilings& ceil, cudaStream_t stream) {
   const double flops = 2.0 * c.s_q * c.heads * double(keys) * (576 + 512);
 
   // The library's schedule: from the shape only (the lengths' bound is the table's width).
-  const mlakit::DecodeSchedule schedule = mlakit::ops::plan_mla_decode(
-      {Device::cuda(0), batch, c.s_q, c.heads, kPageSize, width * kPageSize, c.batch_invariant},
-      {});
+  const mlakit::DecodeSchedule schedule =
+      forced_parts > 0
+          ? mlakit::cuda::device_decode_schedule(batch, c.s_q, c.heads, width * kPageSize,
+                                                 forced_parts, c.batch_invariant)
+          : mlakit::ops::plan_mla_decode({Device::cuda(0), batch, c.s_q, c.heads, kPageSize,
+                                          width * kPageSize, c.batch_invariant},
+                                         {});
   const int copies = static_cast<int>(std::max<int64_t>(1, (kRotateBytes + bytes - 1) / bytes));
   std::mt19937_64 rng(42);
   std::vector<Copy> k;
@@ -447,23 +453,38 @@ bool label_selected(const std::string& label, const std::string& only) {
 
 }  // namespace
 
-// Usage: bench_gpu_decode [--json PATH] [--commit HASH] [--only TEXT]
+// Usage: bench_gpu_decode [--json PATH] [--commit HASH] [--only TEXT] [--parts N]
 //   --json    also write the rows as JSON to PATH (bench/results/<date>-h200-decode.json)
 //   --commit  the commit the rows are recorded against (default: $MLAKIT_COMMIT, else "unknown")
 //   --only    run just the rows whose "shape kv" label contains TEXT (e.g. under a profiler);
 //             TEXT may list several, separated by ';' (a row runs when it contains any of them)
+//   --parts   N parts per row tile (1..256) instead of the library's plan (a schedule experiment:
+//             the rows' "parts" column shows it)
 int main(int argc, char** argv) {
-  std::string json_path, only;
+  std::string json_path, only, parts_text = "0";
   const char* env_commit = std::getenv("MLAKIT_COMMIT");
   std::string commit = env_commit != nullptr ? env_commit : "unknown";
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
-    if ((arg == "--json" || arg == "--commit" || arg == "--only") && i + 1 < argc) {
-      (arg == "--json" ? json_path : arg == "--commit" ? commit : only) = argv[++i];
+    if ((arg == "--json" || arg == "--commit" || arg == "--only" || arg == "--parts") &&
+        i + 1 < argc) {
+      (arg == "--json"     ? json_path
+       : arg == "--commit" ? commit
+       : arg == "--only"   ? only
+                           : parts_text) = argv[++i];
     } else {
-      std::fprintf(stderr, "usage: bench_gpu_decode [--json PATH] [--commit HASH] [--only TEXT]\n");
+      std::fprintf(stderr,
+                   "usage: bench_gpu_decode [--json PATH] [--commit HASH] [--only TEXT] "
+                   "[--parts N]\n");
       return 2;
     }
+  }
+  char* parts_end = nullptr;
+  const long forced_parts = std::strtol(parts_text.c_str(), &parts_end, 10);
+  if (*parts_end != '\0' || forced_parts < 0 || forced_parts > 256) {
+    std::fprintf(stderr, "bench_gpu_decode: --parts takes an integer in [1, 256], got %s\n",
+                 parts_text.c_str());
+    return 2;
   }
   int count = 0;
   if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
@@ -525,7 +546,7 @@ int main(int argc, char** argv) {
     const std::string label =
         c.shape + (c.batch_invariant ? " batch-invariant " : " ") + kv_label(c);
     if (label_selected(label, only)) {
-      rows.push_back(run_case(c, ceil, stream));
+      rows.push_back(run_case(c, ceil, forced_parts, stream));
     }
   }
   cudaStreamDestroy(stream);

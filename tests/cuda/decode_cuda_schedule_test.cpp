@@ -33,15 +33,39 @@ bool operator==(const cuda::SegmentRecord& a, const cuda::SegmentRecord& b) {
 }
 
 TEST(DecodeCudaSchedule, PartsFillTheGpuOnce) {
-  EXPECT_EQ(cuda::decode_num_parts(16, kH200Sms), 132);      // h_q 16: one 16-row tile
-  EXPECT_EQ(cuda::decode_num_parts(8, kH200Sms), 132);       // fewer rows: still one tile
-  EXPECT_EQ(cuda::decode_num_parts(128, kH200Sms), 66);      // h_q 128: two 64-row tiles
-  EXPECT_EQ(cuda::decode_num_parts(2 * 128, kH200Sms), 33);  // s_q 2: four tiles
-  EXPECT_EQ(cuda::decode_num_parts(8 * 128, kH200Sms), 8);   // s_q 8: sixteen tiles
-  EXPECT_EQ(cuda::decode_num_parts(64 * 200, kH200Sms), 1);  // more tiles than SMs
-  EXPECT_EQ(cuda::decode_num_parts(16, 1000), cuda::kMaxDecodeParts);
-  MLAKIT_EXPECT_THROW_MSG(cuda::decode_num_parts(16, 0),
+  auto parts = [](int64_t rows) { return cuda::decode_num_parts(rows, kH200Sms, 128, 4096); };
+  EXPECT_EQ(parts(16), 132);      // h_q 16: one 16-row tile
+  EXPECT_EQ(parts(8), 132);       // fewer rows: still one tile
+  EXPECT_EQ(parts(128), 66);      // h_q 128: two 64-row tiles
+  EXPECT_EQ(parts(2 * 128), 33);  // s_q 2: four tiles
+  EXPECT_EQ(parts(8 * 128), 8);   // s_q 8: sixteen tiles
+  EXPECT_EQ(parts(64 * 200), 1);  // more tiles than SMs
+  EXPECT_EQ(cuda::decode_num_parts(16, 1000, 128, 1 << 20), cuda::kMaxDecodeParts);
+  MLAKIT_EXPECT_THROW_MSG(cuda::decode_num_parts(16, 0, 1, 64),
                           "rows_per_request and num_sms must be >= 1, got 16 and 0");
+  MLAKIT_EXPECT_THROW_MSG(cuda::decode_num_parts(16, 132, -1, 64),
+                          "batch and max_seq_len must be >= 0, got -1 and 64");
+}
+
+// Small batches: no more parts than give each at least kF units of the largest cost line
+// (B * (tiles + kF)), so that a part's key tiles outweigh the partial rows its segment adds.
+TEST(DecodeCudaSchedule, SmallBatchesTakeFewerParts) {
+  for (int64_t rows : {16, 128, 256}) {
+    for (int64_t batch : {0, 1, 2, 3, 7}) {
+      for (int64_t len : {0, 1, 64, 65, 4096, 8192, 32768}) {
+        const int64_t filling = cuda::decode_num_parts(rows, kH200Sms, 1 << 20, 1 << 20);
+        const int64_t total = batch * (cuda::key_tiles(len) + kF);
+        const int64_t p = cuda::decode_num_parts(rows, kH200Sms, batch, len);
+        EXPECT_EQ(p, std::clamp<int64_t>(total / kF, 1, filling))
+            << "rows " << rows << " batch " << batch << " len " << len;
+      }
+    }
+  }
+  EXPECT_EQ(cuda::decode_num_parts(128, kH200Sms, 1, 4096), 33);   // 64 tiles: 2 per part
+  EXPECT_EQ(cuda::decode_num_parts(128, kH200Sms, 4, 32768), 66);  // 2048 tiles: fills the GPU
+  EXPECT_EQ(cuda::decode_num_parts(16, kH200Sms, 1, 64), 1);       // one tile: one part
+  EXPECT_EQ(cuda::decode_num_parts(16, kH200Sms, 0, 4096), 1);     // no request
+  EXPECT_EQ(cuda::decode_num_parts(16, kH200Sms, 1 << 30, 1 << 30), 132);  // no overflow
 }
 
 TEST(DecodeCudaSchedule, DeviceScheduleRecordsTheShape) {

@@ -47,13 +47,21 @@ WorkPlanBounds checked_bounds(const DeviceDecodeSchedule& d, const char* op) {
 
 }  // namespace
 
-int64_t decode_num_parts(int64_t rows_per_request, int64_t num_sms) {
+int64_t decode_num_parts(int64_t rows_per_request, int64_t num_sms, int64_t batch,
+                         int64_t max_seq_len) {
   constexpr const char* kOp = "decode_num_parts";
   require(rows_per_request >= 1 && num_sms >= 1, ErrorCode::kInvalidArgument, kOp,
           ": rows_per_request and num_sms must be >= 1, got ", rows_per_request, " and ", num_sms);
+  require(batch >= 0 && max_seq_len >= 0, ErrorCode::kInvalidArgument, kOp,
+          ": batch and max_seq_len must be >= 0, got ", batch, " and ", max_seq_len);
   const int64_t rows_per_cta = decode_rows_per_cta(rows_per_request);
   const int64_t row_tiles = (rows_per_request + rows_per_cta - 1) / rows_per_cta;
-  return std::clamp<int64_t>(num_sms / row_tiles, 1, kMaxDecodeParts);
+  const int64_t filling = std::clamp<int64_t>(num_sms / row_tiles, 1, kMaxDecodeParts);
+  // The cost line's largest total (every request at max_seq_len); a part's share of it should pay
+  // for at least one segment's fixed cost. Both factors capped at int32: no int64 overflow.
+  const int64_t cost = request_cost(false, key_tiles(std::min<int64_t>(max_seq_len, kInt32Max)));
+  const int64_t total = std::min<int64_t>(batch, kInt32Max) * cost;
+  return std::clamp<int64_t>(total / kSegmentCostTiles, 1, filling);
 }
 
 DecodeSchedule device_decode_schedule(int64_t batch, int64_t s_q, int64_t num_heads,
@@ -84,7 +92,8 @@ DecodeSchedule plan_decode_splits_cuda(int64_t batch, int64_t s_q, int64_t num_h
   require(status == cudaSuccess, ErrorCode::kBackend, kOp, ": cudaDeviceGetAttribute on ",
           device_name(device), " failed: ", cudaGetErrorString(status));
   return device_decode_schedule(batch, s_q, num_heads, max_seq_len,
-                                decode_num_parts(s_q * num_heads, num_sms), batch_invariant);
+                                decode_num_parts(s_q * num_heads, num_sms, batch, max_seq_len),
+                                batch_invariant);
 }
 
 DevicePlanSizes device_plan_sizes(const DecodeSchedule& schedule, int64_t rows, int64_t value_dim,

@@ -12,10 +12,15 @@
 
 namespace mlakit::cuda {
 
-// Parts per row tile for requests of `rows_per_request` = s_q * N query rows on a GPU with
-// `num_sms` SMs: the grid of parts x row tiles CTAs fills the GPU once (one CTA per SM), at least
-// one part and at most kMaxDecodeParts.
-int64_t decode_num_parts(int64_t rows_per_request, int64_t num_sms);
+// Parts per row tile for `batch` requests of `rows_per_request` = s_q * N query rows, every
+// seq_len at most max_seq_len, on a GPU with `num_sms` SMs: the grid of parts x row tiles CTAs
+// fills the GPU once (one CTA per SM), at least one part and at most kMaxDecodeParts; and no more
+// parts than give each a share of at least one segment's fixed cost (kSegmentCostTiles) of the
+// batch's largest cost line: below that, more parts add partial rows (written and read back by
+// the combine) faster than they take key tiles off a part (B1 s_kv 4096 h_q 128: 33 parts, 2 key
+// tiles each, instead of 66 with 1).
+int64_t decode_num_parts(int64_t rows_per_request, int64_t num_sms, int64_t batch,
+                         int64_t max_seq_len);
 
 // The schedule of B requests of s_q x N query rows, every seq_len at most max_seq_len, over
 // `num_parts` parts; batch_invariant cuts each request into pieces that depend on its own length

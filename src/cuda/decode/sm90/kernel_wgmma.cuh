@@ -90,6 +90,11 @@ enum DecodeBarrier : int { kPReady = 1, kStageFree = 3 };
 inline constexpr int kScoresZeroed = 5;  // the score warpgroup alone (128 threads)
 // Pages a 64-key tile spans at most: block_size 8 (cache_tensor_map.hpp).
 inline constexpr int kMaxPagesPerTile = 8;
+// k-blocks of a wgmma m64n64k16 (16 columns) per 128-byte column block (64 columns).
+inline constexpr int kKBlocksPerColumnBlock = kSwizzleBytes / 2 / 16;
+// Column blocks per wgmma batch of the scores: each batch starts when its blocks have landed.
+// Measured (H100, 2026-12-06): 3 beat 1 and 5 (bench/results/2026-12-06-h100-decode-sbatch-ab.md).
+inline constexpr int kScoreBatchBlocks = 3;
 
 // Zeroes the values (the first 512 columns) of keys [valid_keys, 64) of a stage; run by the 128
 // threads of the score warpgroup (`tid` < 128).
@@ -134,7 +139,11 @@ __device__ __forceinline__ void decode_segment_wgmma(const DecodeKernelParams& p
     return smem + Cfg::kStageOffset + (tile % Cfg::kStages) * kTileBytes;
   };
   auto smem_t = [](uint8_t* bytes) { return make_smem_ptr(reinterpret_cast<T*>(bytes)); };
-  const uint32_t full_barrier = smem_addr(smem + Cfg::kFullBarrierOffset);  // + 8 * stage
+  // The mbarrier of column block `block` of stage `st`.
+  const uint32_t full_barriers = smem_addr(smem + Cfg::kFullBarrierOffset);
+  auto full_barrier = [&](int st, int block) {
+    return full_barriers + 8 * (st * Cfg::kColumnBlocks + block);
+  };
 
   typename L::MmaO mma_o;
   const auto thr_o = mma_o.get_thread_slice(tid);
@@ -181,9 +190,9 @@ __device__ __forceinline__ void decode_segment_wgmma(const DecodeKernelParams& p
   // looks up the page ids of the tile after it. Pages past cta_end are not read; a block id
   // outside the cache sets `bad` and is not read either (the CTA's rows become NaN).
   auto issue_tile = [&](int tile) {
-    const uint32_t mbar = full_barrier + 8 * (tile % Cfg::kStages);
+    const int st = tile % Cfg::kStages;
     const uint32_t dst = smem_addr(stage(tile));
-    uint32_t bytes = 0;
+    uint32_t block_bytes = 0;  // per column block
     for (int i = 0; i < boxes; ++i) {
       const int pos = w.key_begin + tile * kBlockN + i * box_slots;
       const int page = next_pages[i];
@@ -193,17 +202,23 @@ __device__ __forceinline__ void decode_segment_wgmma(const DecodeKernelParams& p
         next_pages[i] = -1;
         continue;
       }
-      bytes += box_slots * kRowBytes;
+      block_bytes += box_slots * kSwizzleBytes;
     }
-    mbarrier_arrive_expect_tx(mbar, bytes);
+#pragma unroll
+    for (int b = 0; b < Cfg::kColumnBlocks; ++b) {
+      mbarrier_arrive_expect_tx(full_barrier(st, b), block_bytes);
+    }
+    // Every box of the tile starts at the same slot of its page: with one page per tile
+    // (block_size >= 64) trivially, and with several (block_size < 64 divides 64) each box is a
+    // whole page's worth of keys further on. Pages outer, column blocks inner and unrolled: the
+    // page ids stay in registers (blocks outer reloaded them from local memory per block).
+    const int slot = fast_divmod(w.key_begin + tile * kBlockN, p.block_size_div).remainder;
     for (int i = 0; i < boxes; ++i) {
       if (next_pages[i] < 0) continue;
-      const int slot =
-          fast_divmod(w.key_begin + tile * kBlockN + i * box_slots, p.block_size_div).remainder;
 #pragma unroll
-      for (int b = 0; b < kRowBytes / kSwizzleBytes; ++b) {
+      for (int b = 0; b < Cfg::kColumnBlocks; ++b) {
         tma_load_3d(dst + b * kBlockN * kSwizzleBytes + i * box_slots * kSwizzleBytes, &cache_map,
-                    mbar, b * (kSwizzleBytes / 2), slot, next_pages[i]);
+                    full_barrier(st, b), b * (kSwizzleBytes / 2), slot, next_pages[i]);
       }
     }
     if (tile + 1 < w.num_tiles) lookup_tile_pages(tile + 1);
@@ -262,7 +277,7 @@ __device__ __forceinline__ void decode_segment_wgmma(const DecodeKernelParams& p
     }
     for (int t = 0; t < w.num_tiles; ++t) {
       const int st = t % Cfg::kStages;
-      mbarrier_wait(full_barrier + 8 * st, (full_phase >> st) & 1u);  // tile t has landed
+      const uint32_t parity = (full_phase >> st) & 1u;  // of this use of stage st's mbarriers
       full_phase ^= 1u << st;
       const int tile_start = w.key_begin + t * kBlockN;
       const int valid_keys = w.cta_end - tile_start;
@@ -270,13 +285,38 @@ __device__ __forceinline__ void decode_segment_wgmma(const DecodeKernelParams& p
         // The tile's last keys were not copied or hold whatever the cache has past the end
         // (NaN-poisoned slots, say): zero their values, which P = 0 would still turn into NaN.
         // Their scores are masked by selection. The whole score warpgroup then sees the zeros.
+        for (int b = 0; b < Cfg::kColumnBlocks; ++b) mbarrier_wait(full_barrier(st, b), parity);
         zero_values_past<Cfg>(stage(t), valid_keys, tid);
         fence_shared_for_wgmma();
         named_barrier_sync(kScoresZeroed, kWarpgroupThreads);
       }
       const auto k_desc =
           thr_s.partition_fragment_B(make_tensor(smem_t(stage(t)), typename L::Operand{}));
-      warpgroup_gemm(mma_s, q_desc, k_desc, acc_s, false);
+      // S = q K_t^T, in batches of kScoreBatchBlocks column blocks as they land: per batch the
+      // waits for its blocks, a fence, its MMAs and a commit (the MMAs of earlier batches stay in
+      // flight); then one wait for all.
+      warpgroup_fence_operand(acc_s);
+      mma_s.accumulate_ = GMMA::ScaleOut::Zero;
+      CUTE_UNROLL
+      for (int b0 = 0; b0 < Cfg::kColumnBlocks; b0 += kScoreBatchBlocks) {
+        constexpr int kLast = Cfg::kColumnBlocks;
+        CUTE_UNROLL
+        for (int b = b0; b < b0 + kScoreBatchBlocks && b < kLast; ++b) {
+          mbarrier_wait(full_barrier(st, b), parity);
+        }
+        warpgroup_arrive();
+        CUTE_UNROLL
+        for (int k = b0 * kKBlocksPerColumnBlock;
+             k < (b0 + kScoreBatchBlocks) * kKBlocksPerColumnBlock &&
+             k < kLast * kKBlocksPerColumnBlock;
+             ++k) {
+          cute::gemm(mma_s, q_desc(_, _, k), k_desc(_, _, k), acc_s);
+          mma_s.accumulate_ = GMMA::ScaleOut::One;
+        }
+        warpgroup_commit_batch();
+      }
+      warpgroup_wait<0>();
+      warpgroup_fence_operand(acc_s);
 
       // scale, mask, row max, online softmax; P over the stage's rope columns
       const auto sP = make_tensor(smem_t(stage(t) + Cfg::kPInStageOffset), typename L::P{});
@@ -389,8 +429,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   allow_next_grid_launch();
   const CtaWork work = cta_work<Cfg>(p);
   if (threadIdx.x == 0) {
-    for (int st = 0; st < Cfg::kStages; ++st) {
-      mbarrier_init(smem_addr(smem + Cfg::kFullBarrierOffset + 8 * st), 1);  // the producer
+    for (int i = 0; i < Cfg::kStages * Cfg::kColumnBlocks; ++i) {
+      mbarrier_init(smem_addr(smem + Cfg::kFullBarrierOffset + 8 * i), 1);  // the producer
     }
     mbarrier_init(smem_addr(smem + Cfg::kQBarrierOffset), 1);  // the producer
   }

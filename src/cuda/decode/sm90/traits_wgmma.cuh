@@ -57,7 +57,10 @@ struct WgmmaConfig {
   static constexpr int kAlphaOffset = kQOffset + kQBytes;
   static constexpr int kRowSumOffset = kAlphaOffset + kStages * kRowStatBytes;  // f32 [64]
   static constexpr int kRowMaxOffset = kRowSumOffset + kRowStatBytes;           // f32 [64]
-  // One mbarrier per stage (8 bytes each): its phase completes when the stage's tile has landed.
+  // One mbarrier per (stage, 128-byte column block), 8 bytes each, [kStages][kColumnBlocks]: its
+  // phase completes when that column block of the stage's tile has landed, so the scores' MMAs
+  // of a block start while the tile's later blocks are still on their way.
+  static constexpr int kColumnBlocks = kRowBytes / kSwizzleBytes;  // 9: 8 of values, 1 of rope
   static constexpr int kFullBarrierOffset = kRowMaxOffset + kRowStatBytes;
   // A segment's f32 partial rows are staged over the (then idle) stages before their bulk stores:
   // [64][kStagedRowBytes], each row padded by 32 bytes so that the 8 rows a warp's stores cover
@@ -68,7 +71,7 @@ struct WgmmaConfig {
   static constexpr int kBaseAlignment = 1024;
   // The q tile's mbarrier (8 bytes): its phase completes when a segment's q tile has landed
   // (q loaded by TMA, DecodeKernelParams::q_by_tma).
-  static constexpr int kQBarrierOffset = kFullBarrierOffset + kStages * 8;
+  static constexpr int kQBarrierOffset = kFullBarrierOffset + kStages * kColumnBlocks * 8;
   static constexpr int kSmemBytes = kQBarrierOffset + 8 + kBaseAlignment;
 
   // Byte offset of 16-byte chunk `chunk` of row `row` in the q tile or a K tile (both 64 rows).
