@@ -11,7 +11,7 @@ set -uo pipefail
 cd "$(dirname "$0")/../.."
 # NVLink SHARP (multicast) stays off on the lent machines (docs/dcp.md).
 export NCCL_NVLS_ENABLE=0
-# Programs that may skip on a one-GPU machine (they need >= 2 GPUs, or the machine's libnccl).
+# Programs that may skip: they need the machine's libnccl (collect.sh does not carry it).
 MAY_SKIP=" dcp_nccl_test dcp_nccl_attention_test "
 OUT=${OUT:-/tmp/mlakit-device-check}
 mkdir -p "$OUT"
