@@ -28,6 +28,7 @@
 #include <vector>
 
 #include "cuda/decode/schedule.hpp"
+#include "gpu_bench_common.cuh"
 #include "mlakit/kv_cache.hpp"
 #include "mlakit/ops.hpp"
 #include "mlakit/plan.hpp"
@@ -51,12 +52,9 @@ constexpr int kGemmN = 8192;                          // PERF.md's bf16 ceiling 
 constexpr int64_t kPageSize = 64;                     // PERF.md's decode grid page size
 constexpr float kScale = 0.1352338f;                  // DeepSeek-V3 softmax scale
 
-void check(cudaError_t status, const char* what) {
-  if (status != cudaSuccess) {
-    std::fprintf(stderr, "%s failed: %s\n", what, cudaGetErrorString(status));
-    std::exit(1);
-  }
-}
+using mlakit::bench::check;
+using mlakit::bench::fill;
+
 void check(cublasStatus_t status, const char* what) {
   if (status != CUBLAS_STATUS_SUCCESS) {
     std::fprintf(stderr, "%s failed: cuBLAS status %d\n", what, static_cast<int>(status));
@@ -67,54 +65,8 @@ void check(cublasStatus_t status, const char* what) {
 // Median of kReps timings (ms) of `fn` on `stream`, after one warm-up call.
 template <class Fn>
 double median_ms(cudaStream_t stream, const Fn& fn) {
-  cudaEvent_t start, stop;
-  check(cudaEventCreate(&start), "cudaEventCreate");
-  check(cudaEventCreate(&stop), "cudaEventCreate");
-  fn();
-  std::vector<double> t;
-  for (int r = 0; r < kReps; ++r) {
-    check(cudaEventRecord(start, stream), "cudaEventRecord");
-    fn();
-    check(cudaEventRecord(stop, stream), "cudaEventRecord");
-    check(cudaEventSynchronize(stop), "cudaEventSynchronize");
-    float ms = 0;
-    check(cudaEventElapsedTime(&ms, start, stop), "cudaEventElapsedTime");
-    t.push_back(ms);
-  }
-  cudaEventDestroy(start);
-  cudaEventDestroy(stop);
-  std::sort(t.begin(), t.end());
-  return t[t.size() / 2];
-}
-
-// ---- random device data
-// --------------------------------------------------------------------------
-
-__device__ float hash_uniform(uint64_t i, uint64_t seed) {
-  uint64_t x = (i + 1) * 0x9E3779B97F4A7C15ull ^ seed;
-  x ^= x >> 31;
-  x *= 0xBF58476D1CE4E5B9ull;
-  x ^= x >> 27;
-  return static_cast<float>(x >> 40) * (2.0f / 16777216.0f) - 1.0f;  // [-1, 1)
-}
-
-// Fills n elements of `dtype` (bf16, or finite e4m3 bytes) with values in [-1, 1).
-__global__ void fill_random(void* data, int64_t n, DType dtype, uint64_t seed) {
-  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
-       i += int64_t{gridDim.x} * blockDim.x) {
-    const float v = hash_uniform(static_cast<uint64_t>(i), seed);
-    if (dtype == DType::kBF16) {
-      static_cast<__nv_bfloat16*>(data)[i] = __float2bfloat16(v);
-    } else {
-      static_cast<__nv_fp8_storage_t*>(data)[i] =
-          __nv_cvt_float_to_fp8(v * 4.0f, __NV_SATFINITE, __NV_E4M3);
-    }
-  }
-}
-
-void fill(const Tensor& t, uint64_t seed) {
-  fill_random<<<1024, 256>>>(t.view().data, t.numel(), t.view().dtype, seed);
-  check(cudaGetLastError(), "fill_random");
+  return mlakit::bench::median_ms(
+      stream, kReps, [] {}, fn);
 }
 
 // ---- ceilings
@@ -419,25 +371,18 @@ Row run_case(const Case& c, const Ceilings& ceil, int64_t forced_parts, cudaStre
 // The machine-readable rows: a JSON list of {shape, kv, mlakit_us, flashmla_us (null without an
 // anchor), floor_us, commit}.
 void write_json(const std::string& path, const std::vector<Row>& rows, const std::string& commit) {
-  FILE* f = std::fopen(path.c_str(), "w");
-  if (f == nullptr) {
-    std::fprintf(stderr, "bench_gpu_decode: cannot write %s\n", path.c_str());
-    std::exit(1);
+  std::vector<std::string> lines;
+  for (const Row& r : rows) {
+    const std::string anchor =
+        r.flashmla_us > 0 ? mlakit::bench::format("%.1f", r.flashmla_us) : "null";
+    lines.push_back(mlakit::bench::format(
+        "{\"shape\": \"%s\", \"kv\": \"%s\", \"mlakit_us\": %.1f, "
+        "\"mlakit_self_planning_us\": %.1f, \"flashmla_us\": %s, \"floor_us\": %.1f, "
+        "\"commit\": \"%s\"}",
+        r.shape.c_str(), r.kv.c_str(), r.mlakit_us, r.self_planning_us, anchor.c_str(), r.floor_us,
+        commit.c_str()));
   }
-  std::fprintf(f, "[\n");
-  for (size_t i = 0; i < rows.size(); ++i) {
-    const Row& r = rows[i];
-    char anchor[32] = "null";
-    if (r.flashmla_us > 0) std::snprintf(anchor, sizeof(anchor), "%.1f", r.flashmla_us);
-    std::fprintf(f,
-                 "  {\"shape\": \"%s\", \"kv\": \"%s\", \"mlakit_us\": %.1f, "
-                 "\"mlakit_self_planning_us\": %.1f, \"flashmla_us\": %s, \"floor_us\": %.1f, "
-                 "\"commit\": \"%s\"}%s\n",
-                 r.shape.c_str(), r.kv.c_str(), r.mlakit_us, r.self_planning_us, anchor, r.floor_us,
-                 commit.c_str(), i + 1 < rows.size() ? "," : "");
-  }
-  std::fprintf(f, "]\n");
-  std::fclose(f);
+  mlakit::bench::write_json_rows(path, "bench_gpu_decode", lines);
 }
 
 // Whether a row's label contains any of the ';'-separated texts of `only` (empty: every row).

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "cuda/common/device_errors.hpp"
+#include "gpu_bench_common.cuh"
 #include "mlakit/ops.hpp"
 
 namespace {
@@ -60,24 +61,9 @@ void fill(void* p, int64_t n, uint32_t seed) {
 // Median time in ms of fn() over kRuns after kWarmup.
 template <class Fn>
 double median_ms(const Fn& fn) {
-  cudaEvent_t start, stop;
-  check(cudaEventCreate(&start), "cudaEventCreate");
-  check(cudaEventCreate(&stop), "cudaEventCreate");
-  for (int i = 0; i < kWarmup; ++i) fn();
-  std::vector<double> ms;
-  for (int i = 0; i < kRuns; ++i) {
-    check(cudaEventRecord(start), "cudaEventRecord");
-    fn();
-    check(cudaEventRecord(stop), "cudaEventRecord");
-    check(cudaEventSynchronize(stop), "cudaEventSynchronize");
-    float t = 0;
-    check(cudaEventElapsedTime(&t, start, stop), "cudaEventElapsedTime");
-    ms.push_back(t);
-  }
-  cudaEventDestroy(start);
-  cudaEventDestroy(stop);
-  std::sort(ms.begin(), ms.end());
-  return ms[ms.size() / 2];
+  for (int i = 0; i + 1 < kWarmup; ++i) fn();  // the shared timer makes the last warm-up call
+  return mlakit::bench::median_ms(
+      nullptr, kRuns, [] {}, fn);
 }
 
 // bf16 GEMM 8192^3 through cuBLAS (f32 accumulation): the matrix ceiling of this GPU today.

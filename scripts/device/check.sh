@@ -11,8 +11,8 @@ set -uo pipefail
 cd "$(dirname "$0")/../.."
 # NVLink SHARP (multicast) stays off on the lent machines (docs/dcp.md).
 export NCCL_NVLS_ENABLE=0
-# Programs that may skip on a one-GPU machine (they need >= 2 GPUs, or the machine's libnccl).
-MAY_SKIP=" dcp_nccl_test dcp_nccl_attention_test "
+# Programs that may skip: they need the machine's libnccl (collect.sh does not carry it).
+MAY_SKIP=" dcp_nccl_test dcp_nccl_attention_test bench_gpu_dcp "
 OUT=${OUT:-/tmp/mlakit-device-check}
 mkdir -p "$OUT"
 LOG="$OUT/check.log"
@@ -144,11 +144,11 @@ if [ -e "${benches[0]}" ]; then
       continue
     fi
     json=()  # benches that write machine-readable rows
-    # bench_gpu_decode's rows also name the commit the programs were built from (collect.sh): the
-    # device copy of the tree has no .git.
+    # bench_gpu_decode's and bench_gpu_dcp's rows also name the commit the programs were built from
+    # (collect.sh): the device copy of the tree has no .git.
     case "$name" in
       bench_gpu_forward) json=(--json "$OUT/$name.json") ;;
-      bench_gpu_decode)
+      bench_gpu_decode | bench_gpu_dcp)
         json=(--json "$OUT/$name.json" --commit "$(cat .devbin/COMMIT 2>/dev/null || echo unknown)")
         ;;
     esac
