@@ -6,11 +6,13 @@
 // another; per 64-key tile t of a segment (stage t % 2):
 //   copy warpgroup   its first thread issues the TMA copies (cache_tensor_map.hpp), two tiles
 //                    ahead: tile t + 2 goes into stage t % 2 as soon as both warpgroups are done
-//                    with tile t, announced on the stage's mbarrier (nobody waits for the copies
-//                    but the score warpgroup, when it needs the tile);
-//   score warpgroup  waits for the stage's mbarrier; zeroes the values of keys past the segment's
-//                    end (last tile); S = q K_t^T with 36 wgmma m64n64k16 (the whole tile: q is
-//                    read once per tile), scale, mask, row max within the quad, online softmax; P
+//                    with tile t, each 128-byte column block announced on its own mbarrier
+//                    (nobody waits for the copies but the score warpgroup, when it needs them);
+//                    at a segment's start also the q tile, by TMA where q needs no conversion;
+//   score warpgroup  zeroes the values of keys past the segment's end (last tile); S = q K_t^T
+//                    with 36 wgmma m64n64k16 (the whole tile: q is read once per tile), in
+//                    batches of kScoreBatchBlocks column blocks, each issued once its blocks'
+//                    mbarriers complete; scale, mask, row max within the quad, online softmax; P
 //                    (16-bit) over the stage's rope columns, which the values never read, and
 //                    alpha (O's rescale) per row; signals P_READY(t);
 //   values           each warpgroup O_g = O_g * alpha + P V_t[:, 256 g : 256 g + 256] (4 wgmma
@@ -233,7 +235,7 @@ __device__ __forceinline__ void decode_segment_wgmma(const DecodeKernelParams& p
         const DivMod jn = fast_divmod(w.row0, p.heads_div);  // first row: (query, head)
         mbarrier_arrive_expect_tx(q_barrier, Cfg::kQBytes);
 #pragma unroll
-        for (int b = 0; b < kRowBytes / kSwizzleBytes; ++b) {
+        for (int b = 0; b < Cfg::kColumnBlocks; ++b) {
           tma_load_4d(smem_addr(smem + Cfg::kQOffset) + b * Cfg::kBlockM * kSwizzleBytes, &q_map,
                       q_barrier, b * (kSwizzleBytes / 2), jn.remainder, jn.quotient, w.batch_index);
         }

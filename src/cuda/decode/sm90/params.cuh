@@ -24,7 +24,8 @@ struct DecodeKernelParams {
   RuntimeDType q_dtype;
   bool q_rows_16b_aligned;  // every q row starts on a 16-byte boundary (vector loads)
   // The wgmma kernel loads a segment's q tile by TMA (its launcher's q tensor map) instead of
-  // thread loads: q in the MMA element type, tiles of whole heads (q_tensor_map_supported).
+  // thread loads: q in the MMA element type, tiles of whole heads, 16-byte strides
+  // (make_q_tensor_map).
   bool q_by_tma;
 
   // kv_cache: [num_blocks, block_size, entry] (entry bytes fixed by the cache format)
@@ -68,8 +69,8 @@ struct DecodeKernelParams {
   float score_scale_log2;  // softmax scale * q_scale (fp8 q) * k_scale (fp8_e4m3) * log2(e)
   float value_scale;       // k_scale for fp8_e4m3 caches, else 1
   // q_scale / k_scale as tensors (mla_decode's tensor form; nullptr: the host float below): request
-  // b's value at [b * stride] (stride 0: one for all). With either set, make_work_item computes
-  // the two factors above per request from softmax_scale and the scales (WorkItem).
+  // b's value at [b * stride] (stride 0: one for all). With either set, request_scales
+  // (kernel_common.cuh) computes the two factors above per request from softmax_scale and them.
   const float* q_scales;  // f32 [1] or [B]
   int64_t q_scales_stride;
   const float* k_scales;  // f32 [1] or [B]
