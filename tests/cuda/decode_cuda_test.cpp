@@ -345,6 +345,38 @@ TEST(MlaDecodeCuda, SixtyFourRowTilesOverEveryPageShape) {
   }
 }
 
+// 64-row CTAs over fp8_e4m3 caches: the wgmma kernel's raw TMA boxes (one per page for block sizes
+// 8 and 16, a 64-slot box otherwise) converted in place by its third warpgroup, for every q dtype
+// (bf16 and f32 q take bf16 MMAs, f16 and fp8 q f16 ones) with both scales applied; block size 24
+// takes the mma.sync kernel. Lengths end mid-tile and mid-page over NaN-poisoned slots.
+TEST(MlaDecodeCuda, SixtyFourRowTilesOverFp8E4m3Caches) {
+  MLAKIT_SKIP_WITHOUT_GPU();
+  uint64_t stream = 290;
+  struct Shape {
+    int64_t heads, s_q, block_size;
+    DType q_dtype;
+  };
+  for (const Shape& shape :
+       {Shape{128, 1, 64, DType::kBF16}, Shape{128, 2, 16, DType::kFp8E4m3},
+        Shape{64, 1, 8, DType::kF16}, Shape{64, 3, 128, DType::kF32},
+        Shape{32, 2, 32, DType::kFp8E4m3}, Shape{128, 1, 24, DType::kBF16}}) {
+    Case c;
+    c.seq_lens = {1000, 130, 0, 64, static_cast<int32_t>(shape.s_q), 127, 200};
+    c.kv_dtype = KvCacheDType::kFp8E4m3;
+    c.heads = shape.heads;
+    c.s_q = shape.s_q;
+    c.block_size = shape.block_size;
+    c.q_dtype = shape.q_dtype;
+    c.q_scale = 2.0f;  // applies to an fp8 q only
+    c.k_scale = 0.5f;
+    c.out_dtype = DType::kBF16;
+    SCOPED_TRACE(testing::Message() << "heads " << shape.heads << " s_q " << shape.s_q
+                                    << " block_size " << shape.block_size << " q "
+                                    << dtype_name(shape.q_dtype));
+    check_case(c, stream++, {0, 5});
+  }
+}
+
 // Rows per request below and around the 16-row CTA: padding rows and s_q > 1 in one row tile.
 TEST(MlaDecodeCuda, SmallHeadCounts) {
   MLAKIT_SKIP_WITHOUT_GPU();

@@ -24,6 +24,12 @@ __device__ __forceinline__ void mbarrier_arrive_expect_tx(uint32_t mbar, uint32_
                : "memory");
 }
 
+// Arrives on `mbar` (one of the `count` arrivals its phase needs), with release semantics: this
+// thread's earlier shared-memory writes are visible to whoever waits for the phase.
+__device__ __forceinline__ void mbarrier_arrive(uint32_t mbar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(mbar) : "memory");
+}
+
 // Waits until the phase of `mbar` with parity `parity` has completed.
 __device__ __forceinline__ void mbarrier_wait(uint32_t mbar, uint32_t parity) {
   asm volatile(

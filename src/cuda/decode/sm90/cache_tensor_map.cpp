@@ -15,7 +15,7 @@ namespace mlakit::cuda::decode_sm90 {
 namespace {
 
 constexpr int kTmaAlignment = 16;  // TMA's requirement on the global address and strides (bytes)
-constexpr int kBoxValues = 64;     // one 128-byte swizzle span of 16-bit values
+constexpr int kBoxValues = 64;     // one 128-byte swizzle span of 16-bit values (a column block)
 constexpr int kDriverVersion = 12000;  // the cuTensorMapEncodeTiled signature of CUDA 12.0
 
 PFN_cuTensorMapEncodeTiled_v12000 encode_function() {
@@ -43,7 +43,10 @@ bool cache_tensor_map_supported(const DecodeKernelParams& p) {
          p.cache_stride_block_bytes % kTmaAlignment == 0;
 }
 
-CUtensorMap make_cache_tensor_map(const DecodeKernelParams& p) {
+CUtensorMap make_cache_tensor_map(const DecodeKernelParams& p, CacheFormat format) {
+  detail::require(format == CacheFormat::kNative || format == CacheFormat::kFp8E4m3,
+                  ErrorCode::kInternal, "mla_decode: TMA reads native and fp8_e4m3 caches only");
+  const bool fp8 = format == CacheFormat::kFp8E4m3;
   CUtensorMap map;
   const cuuint64_t dims[3] = {static_cast<cuuint64_t>(kDimQK),
                               static_cast<cuuint64_t>(p.block_size),
@@ -53,8 +56,9 @@ CUtensorMap make_cache_tensor_map(const DecodeKernelParams& p) {
   const cuuint32_t box[3] = {kBoxValues, static_cast<cuuint32_t>(cache_box_slots(p.block_size)), 1};
   const cuuint32_t element_strides[3] = {1, 1, 1};
   const CUresult status = encode_function()(
-      &map, CU_TENSOR_MAP_DATA_TYPE_UINT16, 3, const_cast<uint8_t*>(p.cache), dims, strides, box,
-      element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+      &map, fp8 ? CU_TENSOR_MAP_DATA_TYPE_UINT8 : CU_TENSOR_MAP_DATA_TYPE_UINT16, 3,
+      const_cast<uint8_t*>(p.cache), dims, strides, box, element_strides,
+      CU_TENSOR_MAP_INTERLEAVE_NONE, fp8 ? CU_TENSOR_MAP_SWIZZLE_NONE : CU_TENSOR_MAP_SWIZZLE_128B,
       CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   if (status != CUDA_SUCCESS) {
     detail::fail(ErrorCode::kBackend,

@@ -1,10 +1,11 @@
-// The TMA descriptions of the wgmma decode kernel's copies (kernel_wgmma.cuh), 128-byte swizzled
-// (the wgmma operand layout, traits_wgmma.cuh):
-//  - a native 16-bit paged latent cache: a 3-D tensor (576 values, block_size slots, num_blocks
-//    pages), innermost first, read in boxes of 64 values x min(block_size, 64) slots of one page;
+// The TMA descriptions of the wgmma decode kernel's copies (kernel_wgmma.cuh):
+//  - a paged latent cache: a 3-D tensor (576 values, block_size slots, num_blocks pages),
+//    innermost first, read in boxes of 64 values x min(block_size, 64) slots of one page; 16-bit
+//    values (native) 128-byte swizzled, the wgmma operand layout (traits_wgmma.cuh), or e4m3
+//    bytes (fp8_e4m3) unswizzled, rows of 64 bytes, which the kernel converts;
 //  - q: a 4-D tensor (576 values, N heads, s_q queries, B requests), read in boxes of 64 values x
 //    min(N, 64) heads x 64 / min(N, 64) queries: one box per column block of a CTA's 64 rows
-//    (rows r = j N + n), rows past the request's s_q N zero-filled by TMA.
+//    (rows r = j N + n), rows past the request's s_q N zero-filled by TMA; 128-byte swizzled.
 #pragma once
 
 #include <cuda.h>
@@ -24,9 +25,9 @@ inline int cache_box_slots(int block_size) { return block_size < 64 ? block_size
 // runs the mma.sync kernel, which copies key by key.
 bool cache_tensor_map_supported(const DecodeKernelParams& p);
 
-// Builds the map (host; a driver call). Requires cache_tensor_map_supported(p); throws
-// mlakit::Error(kBackend) if the driver refuses it.
-CUtensorMap make_cache_tensor_map(const DecodeKernelParams& p);
+// Builds the map of a `format` cache (kNative or kFp8E4m3; host, a driver call). Requires
+// cache_tensor_map_supported(p); throws mlakit::Error(kBackend) if the driver refuses it.
+CUtensorMap make_cache_tensor_map(const DecodeKernelParams& p, CacheFormat format);
 
 // q's map when TMA can load the kernel's q tiles as they are: q already in the MMA element type
 // `element` (no conversion), 64 rows of whole heads (N a multiple or a divisor of 64), base and

@@ -1,14 +1,18 @@
 // The sm90 absorbed-MQA decode kernel with warpgroup MMAs (docs/kernels/decode_sm90.md, "wgmma
-// path"): 64 query rows per CTA over a native 16-bit cache. Work split, copy, q staging, masking
-// and outputs are kernel_common.cuh's; the two products run on wgmma.
+// path"): 64 query rows per CTA over a native 16-bit or an fp8_e4m3 cache. Work split, copy, q
+// staging, masking and outputs are kernel_common.cuh's; the two products run on wgmma.
 //
-// CTA = 2 warpgroups with their own jobs, computing its part's segments of the work plan one after
-// another; per 64-key tile t of a segment (stage t % 2):
+// CTA = 2 warpgroups with their own jobs (3 over fp8_e4m3), computing its part's segments of the
+// work plan one after another; per 64-key tile t of a segment (stage t % 2):
 //   copy warpgroup   its first thread issues the TMA copies (cache_tensor_map.hpp), two tiles
 //                    ahead: tile t + 2 goes into stage t % 2 as soon as both warpgroups are done
 //                    with tile t, each 128-byte column block announced on its own mbarrier
 //                    (nobody waits for the copies but the score warpgroup, when it needs them);
 //                    at a segment's start also the q tile, by TMA where q needs no conversion;
+//   convert warpgroup  (fp8_e4m3 only) TMA lands the tile's raw e4m3 column blocks in the stage's
+//                    last 36 KiB; per block, in order, it reads the raw block, converts it to the
+//                    MMA element type (exact) and writes the 16-bit block in place, announced on a
+//                    second mbarrier per block (traits_wgmma.cuh: the order is what makes it safe);
 //   score warpgroup  zeroes the values of keys past the segment's end (last tile); S = q K_t^T
 //                    with 36 wgmma m64n64k16 (the whole tile: q is read once per tile), in
 //                    batches of kScoreBatchBlocks column blocks, each issued once its blocks'
@@ -35,6 +39,7 @@
 #include "cuda/common/grid_dependency.cuh"
 #include "cuda/common/mbarrier.cuh"
 #include "cuda/common/named_barrier.cuh"
+#include "cuda/common/registers.cuh"
 #include "cuda/common/tma.cuh"
 #include "cuda/common/wgmma.cuh"
 #include "cuda/decode/sm90/kernel_common.cuh"
@@ -90,6 +95,7 @@ __device__ __forceinline__ auto rows_by_columns(Frag&& t) {
 // The named barriers of stage `stage` (see the top of the file); ids from 1 (0 is __syncthreads').
 enum DecodeBarrier : int { kPReady = 1, kStageFree = 3 };
 inline constexpr int kScoresZeroed = 5;  // the score warpgroup alone (128 threads)
+inline constexpr int kRawBlockRead = 6;  // the convert warpgroup alone: a raw block has been read
 // Pages a 64-key tile spans at most: block_size 8 (cache_tensor_map.hpp).
 inline constexpr int kMaxPagesPerTile = 8;
 // k-blocks of a wgmma m64n64k16 (16 columns) per 128-byte column block (64 columns).
@@ -145,6 +151,13 @@ __device__ __forceinline__ void decode_segment_wgmma(const DecodeKernelParams& p
   const uint32_t full_barriers = smem_addr(smem + Cfg::kFullBarrierOffset);
   auto full_barrier = [&](int st, int block) {
     return full_barriers + 8 * (st * Cfg::kColumnBlocks + block);
+  };
+  // The mbarrier of column block `block` of stage `st` that the scores wait for: the landed block
+  // (native) or its converted one (fp8).
+  const uint32_t ready_barriers =
+      smem_addr(smem + (Cfg::kConvert ? Cfg::kConvertedBarrierOffset : Cfg::kFullBarrierOffset));
+  auto ready_barrier = [&](int st, int block) {
+    return ready_barriers + 8 * (st * Cfg::kColumnBlocks + block);
   };
 
   typename L::MmaO mma_o;
@@ -204,7 +217,7 @@ __device__ __forceinline__ void decode_segment_wgmma(const DecodeKernelParams& p
         next_pages[i] = -1;
         continue;
       }
-      block_bytes += box_slots * kSwizzleBytes;
+      block_bytes += box_slots * Cfg::kLandedKeyBytes;
     }
 #pragma unroll
     for (int b = 0; b < Cfg::kColumnBlocks; ++b) {
@@ -215,12 +228,14 @@ __device__ __forceinline__ void decode_segment_wgmma(const DecodeKernelParams& p
     // whole page's worth of keys further on. Pages outer, column blocks inner and unrolled: the
     // page ids stay in registers (blocks outer reloaded them from local memory per block).
     const int slot = fast_divmod(w.key_begin + tile * kBlockN, p.block_size_div).remainder;
+    constexpr int kBlockValues = kSwizzleBytes / 2;  // cache values per column block: 64
     for (int i = 0; i < boxes; ++i) {
       if (next_pages[i] < 0) continue;
 #pragma unroll
       for (int b = 0; b < Cfg::kColumnBlocks; ++b) {
-        tma_load_3d(dst + b * kBlockN * kSwizzleBytes + i * box_slots * kSwizzleBytes, &cache_map,
-                    full_barrier(st, b), b * (kSwizzleBytes / 2), slot, next_pages[i]);
+        tma_load_3d(dst + Cfg::kLandedOffsetInStage + (b * kBlockN + i * box_slots) *
+                                                          Cfg::kLandedKeyBytes,
+                    &cache_map, full_barrier(st, b), b * kBlockValues, slot, next_pages[i]);
       }
     }
     if (tile + 1 < w.num_tiles) lookup_tile_pages(tile + 1);
@@ -244,7 +259,7 @@ __device__ __forceinline__ void decode_segment_wgmma(const DecodeKernelParams& p
       for (int t = 0; t < Cfg::kStages && t < w.num_tiles; ++t) issue_tile(t);
     }
     if (!p.q_by_tma) {
-      load_q_tile<Cfg>(p, w, smem + Cfg::kQOffset);
+      load_q_tile<Cfg>(p, w, smem + Cfg::kQOffset);  // by the 2 MMA warpgroups (kThreads)
       fence_shared_for_wgmma();  // this thread's q stores become visible to wgmma
     }
   }
@@ -287,7 +302,7 @@ __device__ __forceinline__ void decode_segment_wgmma(const DecodeKernelParams& p
         // The tile's last keys were not copied or hold whatever the cache has past the end
         // (NaN-poisoned slots, say): zero their values, which P = 0 would still turn into NaN.
         // Their scores are masked by selection. The whole score warpgroup then sees the zeros.
-        for (int b = 0; b < Cfg::kColumnBlocks; ++b) mbarrier_wait(full_barrier(st, b), parity);
+        for (int b = 0; b < Cfg::kColumnBlocks; ++b) mbarrier_wait(ready_barrier(st, b), parity);
         zero_values_past<Cfg>(stage(t), valid_keys, tid);
         fence_shared_for_wgmma();
         named_barrier_sync(kScoresZeroed, kWarpgroupThreads);
@@ -304,7 +319,7 @@ __device__ __forceinline__ void decode_segment_wgmma(const DecodeKernelParams& p
         constexpr int kLast = Cfg::kColumnBlocks;
         CUTE_UNROLL
         for (int b = b0; b < b0 + kScoreBatchBlocks && b < kLast; ++b) {
-          mbarrier_wait(full_barrier(st, b), parity);
+          mbarrier_wait(ready_barrier(st, b), parity);
         }
         warpgroup_arrive();
         CUTE_UNROLL
@@ -419,8 +434,66 @@ __device__ __forceinline__ void decode_segment_wgmma(const DecodeKernelParams& p
   }
 }
 
+// The convert warpgroup's part of a segment (fp8_e4m3): tile by tile and column block by block as
+// TMA lands them, raw e4m3 -> the MMA element type, in place (traits_wgmma.cuh); then the CTA
+// barriers that decode_segment_wgmma's threads pass, in the same order. Thread c of the warpgroup
+// handles the 16-byte raw units c and c + 128 of each block (key u / 4, values 16 (u % 4) ..
+// + 15 of the block: the warp's reads are 512 contiguous bytes) and writes them as 16-bit chunks
+// 2 (u % 4) and + 1 of the key's row (every 8 lanes of a store meet 8 distinct bank groups).
 template <class Cfg>
-__global__ void __launch_bounds__(kThreads, 1)
+__device__ __forceinline__ void convert_segment(const DecodeKernelParams& p, const WorkItem& w,
+                                                uint8_t* smem, uint32_t& full_phase) {
+  using Elem = typename Cfg::Element;
+  constexpr int kUnitsPerKey = Cfg::kRawBlockBytes / kBlockN / 16;  // 16-byte raw units: 4
+  constexpr int kPasses = Cfg::kRawBlockBytes / 16 / kWarpgroupThreads;  // units per thread: 2
+  const int c = static_cast<int>(threadIdx.x) - kConvertWarpgroup * kWarpgroupThreads;
+  const uint32_t full_barriers = smem_addr(smem + Cfg::kFullBarrierOffset);
+  const uint32_t converted_barriers = smem_addr(smem + Cfg::kConvertedBarrierOffset);
+  __syncthreads();  // decode_segment_wgmma's "q is complete or on its way"
+  for (int t = 0; t < w.num_tiles; ++t) {
+    const int st = t % Cfg::kStages;
+    const uint32_t parity = (full_phase >> st) & 1u;
+    full_phase ^= 1u << st;
+    uint8_t* const stage = smem + Cfg::kStageOffset + st * kTileBytes;
+#pragma unroll 1
+    for (int b = 0; b < Cfg::kColumnBlocks; ++b) {  // rolled: this warpgroup has 24 registers
+      const int barrier = 8 * (st * Cfg::kColumnBlocks + b);
+      mbarrier_wait(full_barriers + barrier, parity);
+      uint4 raw[kPasses];
+#pragma unroll
+      for (int i = 0; i < kPasses; ++i) {
+        raw[i] = *reinterpret_cast<const uint4*>(stage + Cfg::kRawOffsetInStage +
+                                                 b * Cfg::kRawBlockBytes +
+                                                 (c + i * kWarpgroupThreads) * 16);
+      }
+      if (Cfg::overwrites_raw(b)) named_barrier_sync(kRawBlockRead, kWarpgroupThreads);
+#pragma unroll
+      for (int i = 0; i < kPasses; ++i) {
+        const int u = c + i * kWarpgroupThreads;
+        const int key = u / kUnitsPerKey, chunk = b * kChunksPerSwizzle + 2 * (u % kUnitsPerKey);
+        const uint32_t words[4] = {raw[i].x, raw[i].y, raw[i].z, raw[i].w};
+        uint32_t e[8];
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+          e[2 * k] = Elem::from_e4m3x2(static_cast<uint16_t>(words[k]));
+          e[2 * k + 1] = Elem::from_e4m3x2(static_cast<uint16_t>(words[k] >> 16));
+        }
+        *reinterpret_cast<uint4*>(stage + Cfg::operand_offset(key, chunk)) =
+            make_uint4(e[0], e[1], e[2], e[3]);
+        *reinterpret_cast<uint4*>(stage + Cfg::operand_offset(key, chunk + 1)) =
+            make_uint4(e[4], e[5], e[6], e[7]);
+      }
+      fence_shared_for_wgmma();  // this thread's 16-bit values become visible to wgmma
+      __syncwarp();
+      if (c % 32 == 0) mbarrier_arrive(converted_barriers + barrier);
+    }
+  }
+  cta_saw_bad_index(p, false);       // decode_segment_wgmma's barrier of the epilogue
+  if (w.slot >= 0) __syncthreads();  // and that of its staged partial rows
+}
+
+template <class Cfg>
+__global__ void __launch_bounds__(Cfg::kLaunchThreads, 1)
     mla_decode_sm90_wgmma_kernel(const __grid_constant__ DecodeKernelParams p,
                                  const __grid_constant__ CUtensorMap cache_map,
                                  const __grid_constant__ CUtensorMap q_map) {
@@ -435,10 +508,26 @@ __global__ void __launch_bounds__(kThreads, 1)
       mbarrier_init(smem_addr(smem + Cfg::kFullBarrierOffset + 8 * i), 1);  // the producer
     }
     mbarrier_init(smem_addr(smem + Cfg::kQBarrierOffset), 1);  // the producer
+    if constexpr (Cfg::kConvert) {
+      for (int i = 0; i < Cfg::kStages * Cfg::kColumnBlocks; ++i) {
+        mbarrier_init(smem_addr(smem + Cfg::kConvertedBarrierOffset + 8 * i), kWarpgroupWarps);
+      }
+    }
   }
   fence_mbarrier_init();  // the initialized mbarriers become visible to the TMA unit
   __syncthreads();
   uint32_t full_phase = 0, q_phase = 0;
+  if constexpr (Cfg::kConvert) {
+    if (threadIdx.x >= kThreads) {  // the convert warpgroup
+      warpgroup_release_registers<Cfg::kConvertRegisters>();
+      for (int segment = work.segment_begin; segment < work.segment_end; ++segment) {
+        if (segment > work.segment_begin) __syncthreads();  // as below
+        convert_segment<Cfg>(p, make_work_item<Cfg>(p, work.row0, segment), smem, full_phase);
+      }
+      return;
+    }
+    warpgroup_claim_registers<Cfg::kMmaRegisters>();
+  }
   for (int segment = work.segment_begin; segment < work.segment_end; ++segment) {
     if (segment > work.segment_begin) __syncthreads();  // the last one is done with shared memory
     decode_segment_wgmma<Cfg>(p, cache_map, q_map, make_work_item<Cfg>(p, work.row0, segment), smem,

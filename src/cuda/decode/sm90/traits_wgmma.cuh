@@ -1,6 +1,6 @@
-// Compile-time shape of the sm90 wgmma decode kernel (kernel_wgmma.cuh): 64 query rows per CTA with
-// a native 16-bit cache. Plain constants and offsets; the CuTe layouts that describe the same
-// memory to the tensor cores are in kernel_wgmma.cuh.
+// Compile-time shape of the sm90 wgmma decode kernel (kernel_wgmma.cuh): 64 query rows per CTA over
+// a native 16-bit or an fp8_e4m3 cache. Plain constants and offsets; the CuTe layouts that describe
+// the same memory to the tensor cores are in kernel_wgmma.cuh.
 #pragma once
 
 #include <cstdint>
@@ -29,17 +29,24 @@ __host__ __device__ constexpr uint32_t sw128_k_offset(int row, int chunk) {
 // Warpgroup roles of the wgmma kernel (kernel_wgmma.cuh).
 inline constexpr int kScoreWarpgroup = 0;  // S = q K^T, softmax, P; O columns [0, 256)
 inline constexpr int kCopyWarpgroup = 1;   // the TMA copies (one thread); O columns [256, 512)
+inline constexpr int kConvertWarpgroup = 2;  // fp8 caches: raw tiles -> 16-bit tiles in place
 inline constexpr int kWarpgroupThreads = 128;
+inline constexpr int kWarpgroupWarps = kWarpgroupThreads / 32;
 
-template <class Element_>
+template <class Element_, CacheFormat kFormat_ = CacheFormat::kNative>
 struct WgmmaConfig {
   using Element = Element_;  // Bf16Mma or F16Mma
   static constexpr int kBlockM = static_cast<int>(kDecodeRowsLarge);
-  static constexpr int kWarpgroups = kThreads / kWarpgroupThreads;  // 2
+  static constexpr int kWarpgroups = kThreads / kWarpgroupThreads;  // 2 MMA warpgroups
   // O += P V: warpgroup g owns V columns [256 g, 256 g + 256) (wgmma m64n256k16, the widest N).
   static constexpr int kColsPerWarpgroup = kDimV / kWarpgroups;
   static constexpr bool kRawE4m3 = false;  // q tile of 16-bit units, dims in order
-  static constexpr CacheFormat kFormat = CacheFormat::kNative;
+  static constexpr CacheFormat kFormat = kFormat_;
+  // fp8_e4m3: TMA lands a tile's raw e4m3 bytes in the upper half of its stage, and a third
+  // warpgroup converts them in place, column block by column block, into the 16-bit operand tile
+  // the native kernel reads (section "fp8 tiles" of docs/kernels/decode_sm90.md).
+  static constexpr bool kConvert = kFormat == CacheFormat::kFp8E4m3;
+  static constexpr int kLaunchThreads = kThreads + (kConvert ? kWarpgroupThreads : 0);
 
   // Two stages of 72 KiB next to the 72 KiB q tile fill shared memory: the copy warpgroup refills
   // a stage as soon as both warpgroups are done with its tile, two tiles ahead of the scores.
@@ -72,7 +79,35 @@ struct WgmmaConfig {
   // The q tile's mbarrier (8 bytes): its phase completes when a segment's q tile has landed
   // (q loaded by TMA, DecodeKernelParams::q_by_tma).
   static constexpr int kQBarrierOffset = kFullBarrierOffset + kStages * kColumnBlocks * 8;
-  static constexpr int kSmemBytes = kQBarrierOffset + 8 + kBaseAlignment;
+  // fp8 caches: one more mbarrier per (stage, column block), [kStages][kColumnBlocks]: its phase
+  // completes when the converting warpgroup's 4 warps have written that block's 16-bit values.
+  static constexpr int kConvertedBarrierOffset = kQBarrierOffset + 8;
+  static constexpr int kSmemBytes =
+      kConvertedBarrierOffset + (kConvert ? kStages * kColumnBlocks * 8 : 0) + kBaseAlignment;
+
+  // ---- fp8 tiles: raw column block b (64 keys x 64 e4m3 bytes, rows of 64 bytes, unswizzled) lies
+  // at kRawOffsetInStage + b * kRawBlockBytes of the stage, the stage's last 36 KiB; its 16-bit
+  // column block b (8 KiB) is written at b * kBlockN * kSwizzleBytes. Converting blocks in order
+  // overwrites only raw blocks that were already read: see overwrites_raw.
+  static constexpr int kRawBlockBytes = kBlockN * kSwizzleBytes / 2;  // 4 KiB
+  static constexpr int kConvertedBlockBytes = kBlockN * kSwizzleBytes;  // 8 KiB
+  static constexpr int kRawOffsetInStage = kTileBytes - kColumnBlocks * kRawBlockBytes;  // 36 KiB
+  // True when writing 16-bit block b overwrites raw bytes of block b or earlier ones that other
+  // threads may still be reading: the converting warpgroup then syncs between its reads and
+  // writes of block b. (It never overwrites a raw block after b: static_assert below.)
+  __host__ __device__ static constexpr bool overwrites_raw(int block) {
+    return (block + 1) * kConvertedBlockBytes > kRawOffsetInStage;
+  }
+  // Where TMA lands column block b of a tile in its stage, and the bytes a key takes there: the
+  // operand block itself (native) or the raw block (fp8).
+  static constexpr int kLandedOffsetInStage = kConvert ? kRawOffsetInStage : 0;
+  static constexpr int kLandedKeyBytes = kConvert ? kSwizzleBytes / 2 : kSwizzleBytes;
+  // fp8: the launch gives each of the 384 threads 65536 / 384 -> 168 registers; the converting
+  // warpgroup needs few (a block's two raw and four converted 16-byte units, addresses; 24 spilled
+  // 60 bytes), so it gives them back and the MMA warpgroups, which hold O (128 f32 each), take 232
+  // (2 x 232 + 40 = 3 x 168; ptxas: no spills, where 254 serve the native kernel's 256 threads).
+  static constexpr int kConvertRegisters = 40;
+  static constexpr int kMmaRegisters = 232;
 
   // Byte offset of 16-byte chunk `chunk` of row `row` in the q tile or a K tile (both 64 rows).
   __host__ __device__ static constexpr uint32_t operand_offset(int row, int chunk) {
@@ -92,6 +127,24 @@ struct WgmmaConfig {
   static_assert(kSmemBytes <= kSmemLimit, "shared-memory plan exceeds 227 KiB");
   static_assert(kBlockM * kStagedRowBytes <= kStages * kTileBytes && kStagedRowBytes % 16 == 0,
                 "the staged partial rows fit the stages, rows 16-byte aligned for bulk stores");
+  static_assert(kFormat == CacheFormat::kNative || kFormat == CacheFormat::kFp8E4m3,
+                "the wgmma kernel reads native and fp8_e4m3 caches");
+  static constexpr bool in_place_conversion_is_ordered() {
+    for (int b = 0; b < kColumnBlocks; ++b) {
+      // 16-bit block b ends at or before raw block b + 1 starts
+      if ((b + 1) * kConvertedBlockBytes > kRawOffsetInStage + (b + 1) * kRawBlockBytes) {
+        return false;
+      }
+    }
+    return true;
+  }
+  static_assert(in_place_conversion_is_ordered(),
+                "converting block b in place never overwrites a raw block after b");
+  static_assert(!kConvert || kWarpgroups * kMmaRegisters + kConvertRegisters <=
+                                 3 * (65536 / kLaunchThreads / 8 * 8),
+                "setmaxnreg: the warpgroups' registers fit the launch's pool");
+  static_assert(kRawOffsetInStage % 1024 == 0 && kRawBlockBytes % 128 == 0,
+                "raw TMA boxes land on 128-byte boundaries");
 };
 
 }  // namespace mlakit::cuda::decode_sm90
