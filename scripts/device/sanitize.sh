@@ -44,7 +44,7 @@ declare -A FILTERS=(
   # f16, fp8 e4m3, fp8_ds_mla), strided outputs, bad device indices, empty requests, errors.
   # The plan kernel runs in every one of them; the planned-ahead case adds the plan written once
   # for several decodes.
-  [decode_cuda_test]="MlaDecodeCuda.StridedQueryOutputAndLse:MlaDecodeCuda.EmptyRequestsNeverTouchTheTable:MlaDecodeCuda.BadDeviceIndicesGiveNanRows:MlaDecodeCuda.SixtyFourRowTilesOverSixteenBitCaches:MlaDecodeCuda.SixtyFourRowTilesOverEveryPageShape:MlaDecodeCuda.NanCacheValuesPropagate:MlaDecodeCuda.ManyHeads:MlaDecodeCuda.CacheFormatsScalesAndOutputDtypes:MlaDecodeCuda.PlannedAheadScheduleServesSeveralDecodes:MlaDecodeCudaErrors.*"
+  [decode_cuda_test]="MlaDecodeCuda.StridedQueryOutputAndLse:MlaDecodeCuda.EmptyRequestsNeverTouchTheTable:MlaDecodeCuda.BadDeviceIndicesGiveNanRows:MlaDecodeCuda.SixtyFourRowTilesOverSixteenBitCaches:MlaDecodeCuda.SixtyFourRowTilesOverEveryPageShape:MlaDecodeCuda.SixtyFourRowTilesOverFp8E4m3Caches:MlaDecodeCuda.NanCacheValuesPropagate:MlaDecodeCuda.ManyHeads:MlaDecodeCuda.CacheFormatsScalesAndOutputDtypes:MlaDecodeCuda.PlannedAheadScheduleServesSeveralDecodes:MlaDecodeCudaErrors.*"
   # 7 s natively and no kernel at all (the decode kernels emulated on the host): one case.
   [decode_emulated_test]="MlaDecodeEmulated.Bf16SixteenRows"
 )
