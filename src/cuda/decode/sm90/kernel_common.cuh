@@ -477,12 +477,16 @@ __device__ __forceinline__ float fold_tile_max(const float* parts, int row, floa
 // ---- output rows
 // ----------------------------------------------------------------------------------
 
-// True for every thread of the CTA when any of them met a bad seq_len or block id (a barrier);
-// one thread then records it in the device error word.
-__device__ __forceinline__ bool cta_saw_bad_index(const DecodeKernelParams& p, bool bad) {
-  const bool any = __syncthreads_or(bad) != 0;
+// `any`: whether any thread of the CTA met a bad seq_len or block id (the or of a CTA barrier);
+// one thread then records it in the device error word. Returns `any`.
+__device__ __forceinline__ bool report_bad_index(const DecodeKernelParams& p, bool any) {
   if (any && threadIdx.x == 0) report_device_error(p.error_word, kDecodeBadIndex);
   return any;
+}
+
+// True for every thread of the CTA when any of them met a bad seq_len or block id (a barrier).
+__device__ __forceinline__ bool cta_saw_bad_index(const DecodeKernelParams& p, bool bad) {
+  return report_bad_index(p, __syncthreads_or(bad) != 0);
 }
 
 // Where the values of one finished row go and the factor that normalizes them; base == nullptr:

@@ -40,6 +40,7 @@
 #include "cuda/common/mbarrier.cuh"
 #include "cuda/common/named_barrier.cuh"
 #include "cuda/common/registers.cuh"
+#include "cuda/common/shared_memory.cuh"
 #include "cuda/common/tma.cuh"
 #include "cuda/common/wgmma.cuh"
 #include "cuda/decode/sm90/kernel_common.cuh"
@@ -96,6 +97,18 @@ __device__ __forceinline__ auto rows_by_columns(Frag&& t) {
 enum DecodeBarrier : int { kPReady = 1, kStageFree = 3 };
 inline constexpr int kScoresZeroed = 5;  // the score warpgroup alone (128 threads)
 inline constexpr int kRawBlockRead = 6;  // the convert warpgroup alone: a raw block has been read
+// The whole CTA (Cfg::kLaunchThreads), in place of __syncthreads: the warpgroups reach their CTA
+// barriers from different code (the convert warpgroup's loop), which bar.sync 0 does not allow.
+inline constexpr int kCtaBarrier = 7;
+template <class Cfg>
+__device__ __forceinline__ void cta_barrier() {
+  named_barrier_sync(kCtaBarrier, Cfg::kLaunchThreads);
+}
+// cta_barrier that returns the or of every thread's `predicate`.
+template <class Cfg>
+__device__ __forceinline__ bool cta_barrier_or(bool predicate) {
+  return named_barrier_or(kCtaBarrier, Cfg::kLaunchThreads, predicate);
+}
 // Pages a 64-key tile spans at most: block_size 8 (cache_tensor_map.hpp).
 inline constexpr int kMaxPagesPerTile = 8;
 // k-blocks of a wgmma m64n64k16 (16 columns) per 128-byte column block (64 columns).
@@ -263,7 +276,7 @@ __device__ __forceinline__ void decode_segment_wgmma(const DecodeKernelParams& p
       fence_shared_for_wgmma();  // this thread's q stores become visible to wgmma
     }
   }
-  __syncthreads();  // q is complete (thread loads) or on its way (TMA)
+  cta_barrier<Cfg>();  // q is complete (thread loads) or on its way (TMA)
 
   float m_run[2] = {-INFINITY, -INFINITY};  // score warpgroup: running max of the row, log2 units
   float l_run[2] = {0.0f, 0.0f};            // score warpgroup: this thread's share of the row sum
@@ -387,7 +400,7 @@ __device__ __forceinline__ void decode_segment_wgmma(const DecodeKernelParams& p
       }
     }
   }
-  bad = cta_saw_bad_index(p, bad);  // also publishes row_sum and row_max
+  bad = report_bad_index(p, cta_barrier_or<Cfg>(bad));  // also publishes row_sum and row_max
   const RequestScales scales = epilogue_scales(p, w);
   bad = bad || scales.bad;
   // A partial's rows (f32, 2 KiB each, contiguous in the workspace) are staged in shared memory
@@ -423,7 +436,7 @@ __device__ __forceinline__ void decode_segment_wgmma(const DecodeKernelParams& p
   }
   if (staged) {
     fence_shared_for_wgmma();  // the staged rows become visible to the bulk copies
-    __syncthreads();
+    cta_barrier<Cfg>();
     const int row = w.row0 + tid;
     if (tid < Cfg::kBlockM && row < p.rows && row_has_values(row_sum[tid], bad)) {
       bulk_store(p.partial_out + (static_cast<int64_t>(w.slot) * p.rows + row) * kDimV,
@@ -434,12 +447,13 @@ __device__ __forceinline__ void decode_segment_wgmma(const DecodeKernelParams& p
   }
 }
 
-// The convert warpgroup's part of a segment (fp8_e4m3): tile by tile and column block by block as
-// TMA lands them, raw e4m3 -> the MMA element type, in place (traits_wgmma.cuh); then the CTA
-// barriers that decode_segment_wgmma's threads pass, in the same order. Thread c of the warpgroup
-// handles the 16-byte raw units c and c + 128 of each block (key u / 4, values 16 (u % 4) ..
-// + 15 of the block: the warp's reads are 512 contiguous bytes) and writes them as 16-bit chunks
-// 2 (u % 4) and + 1 of the key's row (every 8 lanes of a store meet 8 distinct bank groups).
+// The convert warpgroup's part of a segment (fp8_e4m3): per tile, raw e4m3 -> the MMA element
+// type in place, in the phases of traits_wgmma.cuh's schedule; then the CTA barriers that
+// decode_segment_wgmma's threads pass, in the same order. Thread c of the warpgroup handles the
+// 16-byte raw units c and c + 128 of each block (key u / 4, values 16 (u % 4) .. + 15 of the
+// block: a warp's reads are 512 contiguous bytes) and writes them as 16-bit chunks 2 (u % 4) and
+// + 1 of the key's row (every 8 lanes of a store meet 8 distinct bank groups). Each phase ends
+// with a fence, and lane 0 of each warp arrives on the converted mbarriers of the blocks written.
 template <class Cfg>
 __device__ __forceinline__ void convert_segment(const DecodeKernelParams& p, const WorkItem& w,
                                                 uint8_t* smem, uint32_t& full_phase) {
@@ -449,28 +463,32 @@ __device__ __forceinline__ void convert_segment(const DecodeKernelParams& p, con
   const int c = static_cast<int>(threadIdx.x) - kConvertWarpgroup * kWarpgroupThreads;
   const uint32_t full_barriers = smem_addr(smem + Cfg::kFullBarrierOffset);
   const uint32_t converted_barriers = smem_addr(smem + Cfg::kConvertedBarrierOffset);
-  __syncthreads();  // decode_segment_wgmma's "q is complete or on its way"
+  const uint32_t stages = smem_addr(smem + Cfg::kStageOffset);
+  // This thread's raw unit c of a block, and its two 16-bit chunks in block 0 (key c / 4): the
+  // other pass and blocks are constant offsets away.
+  const uint32_t raw_unit = Cfg::kRawOffsetInStage + c * 16;
+  const int key = c / kUnitsPerKey, chunk = 2 * (c % kUnitsPerKey);
+  const uint32_t converted_chunk[2] = {Cfg::operand_offset(key, chunk),
+                                       Cfg::operand_offset(key, chunk + 1)};
+  static_assert(kWarpgroupThreads / kUnitsPerKey % kSwizzleRows == 0,
+                "a pass moves whole swizzle patterns, so its chunks keep their swizzle");
+  cta_barrier<Cfg>();  // decode_segment_wgmma's "q is complete or on its way"
   for (int t = 0; t < w.num_tiles; ++t) {
     const int st = t % Cfg::kStages;
     const uint32_t parity = (full_phase >> st) & 1u;
     full_phase ^= 1u << st;
-    uint8_t* const stage = smem + Cfg::kStageOffset + st * kTileBytes;
-#pragma unroll 1
-    for (int b = 0; b < Cfg::kColumnBlocks; ++b) {  // rolled: this warpgroup has 24 registers
-      const int barrier = 8 * (st * Cfg::kColumnBlocks + b);
-      mbarrier_wait(full_barriers + barrier, parity);
-      uint4 raw[kPasses];
+    const uint32_t stage = stages + st * kTileBytes;
+    auto read_block = [&](int b, uint4(&raw)[kPasses]) {
+      mbarrier_wait(full_barriers + 8 * (st * Cfg::kColumnBlocks + b), parity);
 #pragma unroll
       for (int i = 0; i < kPasses; ++i) {
-        raw[i] = *reinterpret_cast<const uint4*>(stage + Cfg::kRawOffsetInStage +
-                                                 b * Cfg::kRawBlockBytes +
-                                                 (c + i * kWarpgroupThreads) * 16);
+        raw[i] = ld_shared_v4(stage + raw_unit + b * Cfg::kRawBlockBytes +
+                              i * kWarpgroupThreads * 16);
       }
-      if (Cfg::overwrites_raw(b)) named_barrier_sync(kRawBlockRead, kWarpgroupThreads);
+    };
+    auto write_block = [&](int b, const uint4(&raw)[kPasses]) {
 #pragma unroll
       for (int i = 0; i < kPasses; ++i) {
-        const int u = c + i * kWarpgroupThreads;
-        const int key = u / kUnitsPerKey, chunk = b * kChunksPerSwizzle + 2 * (u % kUnitsPerKey);
         const uint32_t words[4] = {raw[i].x, raw[i].y, raw[i].z, raw[i].w};
         uint32_t e[8];
 #pragma unroll
@@ -478,18 +496,52 @@ __device__ __forceinline__ void convert_segment(const DecodeKernelParams& p, con
           e[2 * k] = Elem::from_e4m3x2(static_cast<uint16_t>(words[k]));
           e[2 * k + 1] = Elem::from_e4m3x2(static_cast<uint16_t>(words[k] >> 16));
         }
-        *reinterpret_cast<uint4*>(stage + Cfg::operand_offset(key, chunk)) =
-            make_uint4(e[0], e[1], e[2], e[3]);
-        *reinterpret_cast<uint4*>(stage + Cfg::operand_offset(key, chunk + 1)) =
-            make_uint4(e[4], e[5], e[6], e[7]);
+        // pass i: key + 32 i, i.e. 32 rows (4 whole swizzle patterns) further
+        const uint32_t block = stage + b * Cfg::kConvertedBlockBytes +
+                               i * (kWarpgroupThreads / kUnitsPerKey) * kSwizzleBytes;
+        st_shared_v4(block + converted_chunk[0], make_uint4(e[0], e[1], e[2], e[3]));
+        st_shared_v4(block + converted_chunk[1], make_uint4(e[4], e[5], e[6], e[7]));
+      }
+    };
+    uint4 held[Cfg::kHeldBlocks][kPasses];
+#pragma unroll
+    for (int phase = 0; phase < Cfg::kConvertPhases; ++phase) {
+      // every thread has read the raw blocks this phase overwrites
+      if (phase > 0) named_barrier_sync(kRawBlockRead, kWarpgroupThreads);
+#pragma unroll
+      for (int b = 0; b < Cfg::kColumnBlocks; ++b) {  // blocks read in an earlier phase
+        if (Cfg::converted_write_phase(b) == phase && Cfg::raw_read_phase(b) < phase) {
+          write_block(b, held[Cfg::held_slot(b)]);
+        }
+      }
+#pragma unroll
+      for (int b = 0; b < Cfg::kColumnBlocks; ++b) {  // blocks read and written now
+        if (Cfg::raw_read_phase(b) == phase && Cfg::converted_write_phase(b) == phase) {
+          uint4 raw[kPasses];
+          read_block(b, raw);
+          write_block(b, raw);
+        }
+      }
+#pragma unroll
+      for (int b = 0; b < Cfg::kColumnBlocks; ++b) {  // blocks read now, written later
+        if (Cfg::raw_read_phase(b) == phase && Cfg::converted_write_phase(b) > phase) {
+          read_block(b, held[Cfg::held_slot(b)]);
+        }
       }
       fence_shared_for_wgmma();  // this thread's 16-bit values become visible to wgmma
       __syncwarp();
-      if (c % 32 == 0) mbarrier_arrive(converted_barriers + barrier);
+      if (c % 32 == 0) {
+#pragma unroll
+        for (int b = 0; b < Cfg::kColumnBlocks; ++b) {
+          if (Cfg::converted_write_phase(b) == phase) {
+            mbarrier_arrive(converted_barriers + 8 * (st * Cfg::kColumnBlocks + b));
+          }
+        }
+      }
     }
   }
-  cta_saw_bad_index(p, false);       // decode_segment_wgmma's barrier of the epilogue
-  if (w.slot >= 0) __syncthreads();  // and that of its staged partial rows
+  report_bad_index(p, cta_barrier_or<Cfg>(false));  // decode_segment_wgmma's epilogue barrier
+  if (w.slot >= 0) cta_barrier<Cfg>();                // and that of its staged partial rows
 }
 
 template <class Cfg>
@@ -521,7 +573,7 @@ __global__ void __launch_bounds__(Cfg::kLaunchThreads, 1)
     if (threadIdx.x >= kThreads) {  // the convert warpgroup
       warpgroup_release_registers<Cfg::kConvertRegisters>();
       for (int segment = work.segment_begin; segment < work.segment_end; ++segment) {
-        if (segment > work.segment_begin) __syncthreads();  // as below
+        if (segment > work.segment_begin) cta_barrier<Cfg>();  // as below
         convert_segment<Cfg>(p, make_work_item<Cfg>(p, work.row0, segment), smem, full_phase);
       }
       return;
@@ -529,7 +581,7 @@ __global__ void __launch_bounds__(Cfg::kLaunchThreads, 1)
     warpgroup_claim_registers<Cfg::kMmaRegisters>();
   }
   for (int segment = work.segment_begin; segment < work.segment_end; ++segment) {
-    if (segment > work.segment_begin) __syncthreads();  // the last one is done with shared memory
+    if (segment > work.segment_begin) cta_barrier<Cfg>();  // the last one is done with shared memory
     decode_segment_wgmma<Cfg>(p, cache_map, q_map, make_work_item<Cfg>(p, work.row0, segment), smem,
                               full_phase, q_phase);
   }

@@ -87,25 +87,37 @@ struct WgmmaConfig {
 
   // ---- fp8 tiles: raw column block b (64 keys x 64 e4m3 bytes, rows of 64 bytes, unswizzled) lies
   // at kRawOffsetInStage + b * kRawBlockBytes of the stage, the stage's last 36 KiB; its 16-bit
-  // column block b (8 KiB) is written at b * kBlockN * kSwizzleBytes. Converting blocks in order
-  // overwrites only raw blocks that were already read: see overwrites_raw.
+  // column block b (8 KiB) is written at b * kBlockN * kSwizzleBytes, over raw blocks 2b - 8 and
+  // 2b - 7 (b >= 4). The convert warpgroup works in phases separated by its own barrier: raw block
+  // b is read in phase raw_read_phase(b) (into registers when it is written later) and its 16-bit
+  // block written in phase converted_write_phase(b), always after every raw block it overwrites
+  // was read by every thread (conversion_schedule_is_safe). Phase 0 streams blocks 0-3, which
+  // overwrite nothing, and reads 4 and 5; phase 1 writes 4, 5 and reads 6, 7; phase 2 writes 6,
+  // 7 and reads 8; phase 3 writes 8: 3 barriers and 4 fence-and-arrive rounds per tile instead of
+  // 5 and 9 block by block (which left ~0.9 us of conversion latency per tile on the critical
+  // path: docs/perf-notes.md item 15).
   static constexpr int kRawBlockBytes = kBlockN * kSwizzleBytes / 2;  // 4 KiB
   static constexpr int kConvertedBlockBytes = kBlockN * kSwizzleBytes;  // 8 KiB
   static constexpr int kRawOffsetInStage = kTileBytes - kColumnBlocks * kRawBlockBytes;  // 36 KiB
-  // True when writing 16-bit block b overwrites raw bytes of block b or earlier ones that other
-  // threads may still be reading: the converting warpgroup then syncs between its reads and
-  // writes of block b. (It never overwrites a raw block after b: static_assert below.)
-  __host__ __device__ static constexpr bool overwrites_raw(int block) {
-    return (block + 1) * kConvertedBlockBytes > kRawOffsetInStage;
+  static constexpr int kConvertPhases = 4;
+  static constexpr int kHeldBlocks = 2;  // raw blocks a thread holds in registers at once
+  __host__ __device__ static constexpr int raw_read_phase(int block) {
+    return block < 6 ? 0 : block < 8 ? 1 : 2;
   }
+  __host__ __device__ static constexpr int converted_write_phase(int block) {
+    return block < 4 ? 0 : block < 6 ? 1 : block < 8 ? 2 : 3;
+  }
+  // The register slot of a raw block held from its read phase to its write phase.
+  __host__ __device__ static constexpr int held_slot(int block) { return block % kHeldBlocks; }
   // Where TMA lands column block b of a tile in its stage, and the bytes a key takes there: the
   // operand block itself (native) or the raw block (fp8).
   static constexpr int kLandedOffsetInStage = kConvert ? kRawOffsetInStage : 0;
   static constexpr int kLandedKeyBytes = kConvert ? kSwizzleBytes / 2 : kSwizzleBytes;
   // fp8: the launch gives each of the 384 threads 65536 / 384 -> 168 registers; the converting
-  // warpgroup needs few (a block's two raw and four converted 16-byte units, addresses; 24 spilled
-  // 60 bytes), so it gives them back and the MMA warpgroups, which hold O (128 f32 each), take 232
-  // (2 x 232 + 40 = 3 x 168; ptxas: no spills, where 254 serve the native kernel's 256 threads).
+  // warpgroup needs few (two held raw blocks, one in flight, 32-bit shared addresses: with 64-bit
+  // generic pointers it spilled even at 88), so it gives them back and the MMA warpgroups, which
+  // hold O (128 f32 each), take 232 (2 x 232 + 40 = 3 x 168; ptxas: no spills, where 254 serve
+  // the native kernel's 256 threads).
   static constexpr int kConvertRegisters = 40;
   static constexpr int kMmaRegisters = 232;
 
@@ -129,17 +141,29 @@ struct WgmmaConfig {
                 "the staged partial rows fit the stages, rows 16-byte aligned for bulk stores");
   static_assert(kFormat == CacheFormat::kNative || kFormat == CacheFormat::kFp8E4m3,
                 "the wgmma kernel reads native and fp8_e4m3 caches");
-  static constexpr bool in_place_conversion_is_ordered() {
+  // Every 16-bit block is written in a later phase than every raw block it overlaps is read (so
+  // after the barrier that ends that phase), no block is written before it is read, and the raw
+  // blocks held in registers at once use distinct slots.
+  static constexpr bool conversion_schedule_is_safe() {
     for (int b = 0; b < kColumnBlocks; ++b) {
-      // 16-bit block b ends at or before raw block b + 1 starts
-      if ((b + 1) * kConvertedBlockBytes > kRawOffsetInStage + (b + 1) * kRawBlockBytes) {
-        return false;
+      if (raw_read_phase(b) > converted_write_phase(b)) return false;
+      const int begin = b * kConvertedBlockBytes, end = begin + kConvertedBlockBytes;
+      for (int r = 0; r < kColumnBlocks; ++r) {
+        const int raw_begin = kRawOffsetInStage + r * kRawBlockBytes;
+        const bool overlap = begin < raw_begin + kRawBlockBytes && raw_begin < end;
+        if (overlap && raw_read_phase(r) >= converted_write_phase(b)) return false;
+        const bool both_held = r != b && raw_read_phase(r) < converted_write_phase(r) &&
+                               raw_read_phase(b) < converted_write_phase(b) &&
+                               raw_read_phase(r) < converted_write_phase(b) &&
+                               raw_read_phase(b) < converted_write_phase(r);
+        if (both_held && held_slot(r) == held_slot(b)) return false;
       }
+      if (converted_write_phase(b) >= kConvertPhases) return false;
     }
     return true;
   }
-  static_assert(in_place_conversion_is_ordered(),
-                "converting block b in place never overwrites a raw block after b");
+  static_assert(conversion_schedule_is_safe(),
+                "the in-place conversion never overwrites raw bytes before every thread read them");
   static_assert(!kConvert || kWarpgroups * kMmaRegisters + kConvertRegisters <=
                                  3 * (65536 / kLaunchThreads / 8 * 8),
                 "setmaxnreg: the warpgroups' registers fit the launch's pool");
