@@ -1,17 +1,23 @@
-// MlaAttention under DCP over NCCL on every visible GPU (W = the device count, W = 1 included: one
-// rank still goes through the NCCL communicator; skipped, saying so, only without a GPU or without
-// NCCL in the build). As dcp_nccl_test: one process, ncclCommInitAll, one thread per GPU running
-// its rank. Each rank serves its N heads of a model of W N heads, holds its share of every
-// request's tokens, and its forward() output on mixed batches must equal the single-rank layer
-// over the whole cache on the same GPU to rounding; the e2e harness checks both against the fp64
-// oracle. Run with NCCL_NVLS_ENABLE=0 on the lent machines (docs/dcp.md).
+// MlaAttention under DCP over NCCL on every visible GPU (W = the device count; skipped, saying so,
+// only without a GPU or without NCCL in the build). As dcp_nccl_test: one process,
+// ncclCommInitAll, one thread per GPU running its rank. Each rank serves its N heads of a model of
+// W N heads, holds its share of every request's tokens, and its forward() output on mixed batches
+// must equal the single-rank layer over the whole cache on the same GPU to rounding; the e2e
+// harness checks the DCP output against the fp64 oracle (the single-rank layer against the oracle
+// is cuda_forward_test's check: the oracle's up-projection costs seconds a case at these sizes,
+// so it runs once per rank and configuration). At W = 1 the layer ignores the communicator (a group
+// of one rank is no DCP): both runs are the single-rank layer and no collective runs; the DCP path
+// needs W >= 2. Each configuration prints its time. Run with NCCL_NVLS_ENABLE=0 on the lent
+// machines (docs/dcp.md).
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
 #ifdef MLAKIT_WITH_NCCL
 #include <nccl.h>
 
+#include <chrono>
 #include <cstdint>
+#include <iostream>
 #include <memory>
 #include <string>
 #include <thread>
@@ -85,6 +91,7 @@ TEST_F(DcpNcclAttention, EveryRankMatchesTheSingleRankLayerAndTheOracle) {
     for (int64_t block_size : {16, 64}) {
       for (int64_t interleave : {1, 16, 64}) {
         ++stream;
+        const auto start = std::chrono::steady_clock::now();
         std::vector<std::thread> ranks;
         for (int64_t rank = 0; rank < w; ++rank) {
           ranks.emplace_back([&, rank] {
@@ -93,9 +100,11 @@ TEST_F(DcpNcclAttention, EveryRankMatchesTheSingleRankLayerAndTheOracle) {
             test::E2eCase single = make_case(kv, block_size, interleave, w, rank, stream);
             SCOPED_TRACE(single.name + ", rank " + std::to_string(rank) + " of " +
                          std::to_string(w));
+            single.check_oracle = false;  // compared with the DCP run, which is checked
             test::E2eCase dcp = single;
             dcp.name += " (DCP)";
             dcp.dcp_comm = comm.get();
+            dcp.check_oracle = true;
             const test::E2eResult expected = test::run_e2e_case(single);
             const test::E2eResult got = test::run_e2e_case(dcp);
             // Other partitions (ranks, chunks) and orders of the f32 sums: equal to the rounding
@@ -106,6 +115,10 @@ TEST_F(DcpNcclAttention, EveryRankMatchesTheSingleRankLayerAndTheOracle) {
           });
         }
         for (std::thread& t : ranks) t.join();
+        const std::chrono::duration<double> took = std::chrono::steady_clock::now() - start;
+        std::cout << "[dcp_nccl_attention_test] " << kv_cache_dtype_name(kv) << " block_size "
+                  << block_size << " interleave " << interleave << ", W " << w << ": "
+                  << took.count() << " s" << std::endl;
       }
     }
   }
