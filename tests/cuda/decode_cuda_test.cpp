@@ -356,10 +356,9 @@ TEST(MlaDecodeCuda, SixtyFourRowTilesOverFp8E4m3Caches) {
     int64_t heads, s_q, block_size;
     DType q_dtype;
   };
-  for (const Shape& shape :
-       {Shape{128, 1, 64, DType::kBF16}, Shape{128, 2, 16, DType::kFp8E4m3},
-        Shape{64, 1, 8, DType::kF16}, Shape{64, 3, 128, DType::kF32},
-        Shape{32, 2, 32, DType::kFp8E4m3}, Shape{128, 1, 24, DType::kBF16}}) {
+  for (const Shape& shape : {Shape{128, 1, 64, DType::kBF16}, Shape{128, 2, 16, DType::kFp8E4m3},
+                             Shape{64, 1, 8, DType::kF16}, Shape{64, 3, 128, DType::kF32},
+                             Shape{32, 2, 32, DType::kFp8E4m3}, Shape{128, 1, 24, DType::kBF16}}) {
     Case c;
     c.seq_lens = {1000, 130, 0, 64, static_cast<int32_t>(shape.s_q), 127, 200};
     c.kv_dtype = KvCacheDType::kFp8E4m3;
@@ -370,9 +369,9 @@ TEST(MlaDecodeCuda, SixtyFourRowTilesOverFp8E4m3Caches) {
     c.q_scale = 2.0f;  // applies to an fp8 q only
     c.k_scale = 0.5f;
     c.out_dtype = DType::kBF16;
-    SCOPED_TRACE(testing::Message() << "heads " << shape.heads << " s_q " << shape.s_q
-                                    << " block_size " << shape.block_size << " q "
-                                    << dtype_name(shape.q_dtype));
+    SCOPED_TRACE(testing::Message()
+                 << "heads " << shape.heads << " s_q " << shape.s_q << " block_size "
+                 << shape.block_size << " q " << dtype_name(shape.q_dtype));
     check_case(c, stream++, {0, 5});
   }
 }

@@ -97,17 +97,15 @@ __device__ __forceinline__ auto rows_by_columns(Frag&& t) {
 enum DecodeBarrier : int { kPReady = 1, kStageFree = 3 };
 inline constexpr int kScoresZeroed = 5;  // the score warpgroup alone (128 threads)
 inline constexpr int kRawBlockRead = 6;  // the convert warpgroup alone: a raw block has been read
-// The whole CTA (Cfg::kLaunchThreads), in place of __syncthreads: the warpgroups reach their CTA
-// barriers from different code (the convert warpgroup's loop), which bar.sync 0 does not allow.
-inline constexpr int kCtaBarrier = 7;
-template <class Cfg>
-__device__ __forceinline__ void cta_barrier() {
-  named_barrier_sync(kCtaBarrier, Cfg::kLaunchThreads);
-}
-// cta_barrier that returns the or of every thread's `predicate`.
-template <class Cfg>
-__device__ __forceinline__ bool cta_barrier_or(bool predicate) {
-  return named_barrier_or(kCtaBarrier, Cfg::kLaunchThreads, predicate);
+// The two MMA warpgroups (kThreads), where a segment needs all of them (q staged, row statistics
+// published, staged rows complete, the previous segment done with shared memory). The convert
+// warpgroup of fp8 caches never joins: its only inputs are tiles whose TMA completions it waits
+// for, issued after those barriers.
+inline constexpr int kMmaBarrier = 7;
+__device__ __forceinline__ void mma_barrier() { named_barrier_sync(kMmaBarrier, kThreads); }
+// mma_barrier that returns the or of both warpgroups' `predicate`s.
+__device__ __forceinline__ bool mma_barrier_or(bool predicate) {
+  return named_barrier_or(kMmaBarrier, kThreads, predicate);
 }
 // Pages a 64-key tile spans at most: block_size 8 (cache_tensor_map.hpp).
 inline constexpr int kMaxPagesPerTile = 8;
@@ -246,9 +244,9 @@ __device__ __forceinline__ void decode_segment_wgmma(const DecodeKernelParams& p
       if (next_pages[i] < 0) continue;
 #pragma unroll
       for (int b = 0; b < Cfg::kColumnBlocks; ++b) {
-        tma_load_3d(dst + Cfg::kLandedOffsetInStage + (b * kBlockN + i * box_slots) *
-                                                          Cfg::kLandedKeyBytes,
-                    &cache_map, full_barrier(st, b), b * kBlockValues, slot, next_pages[i]);
+        tma_load_3d(
+            dst + Cfg::kLandedOffsetInStage + (b * kBlockN + i * box_slots) * Cfg::kLandedKeyBytes,
+            &cache_map, full_barrier(st, b), b * kBlockValues, slot, next_pages[i]);
       }
     }
     if (tile + 1 < w.num_tiles) lookup_tile_pages(tile + 1);
@@ -276,7 +274,7 @@ __device__ __forceinline__ void decode_segment_wgmma(const DecodeKernelParams& p
       fence_shared_for_wgmma();  // this thread's q stores become visible to wgmma
     }
   }
-  cta_barrier<Cfg>();  // q is complete (thread loads) or on its way (TMA)
+  mma_barrier();  // q is complete (thread loads) or on its way (TMA)
 
   float m_run[2] = {-INFINITY, -INFINITY};  // score warpgroup: running max of the row, log2 units
   float l_run[2] = {0.0f, 0.0f};            // score warpgroup: this thread's share of the row sum
@@ -400,7 +398,7 @@ __device__ __forceinline__ void decode_segment_wgmma(const DecodeKernelParams& p
       }
     }
   }
-  bad = report_bad_index(p, cta_barrier_or<Cfg>(bad));  // also publishes row_sum and row_max
+  bad = report_bad_index(p, mma_barrier_or(bad));  // also publishes row_sum and row_max
   const RequestScales scales = epilogue_scales(p, w);
   bad = bad || scales.bad;
   // A partial's rows (f32, 2 KiB each, contiguous in the workspace) are staged in shared memory
@@ -436,7 +434,7 @@ __device__ __forceinline__ void decode_segment_wgmma(const DecodeKernelParams& p
   }
   if (staged) {
     fence_shared_for_wgmma();  // the staged rows become visible to the bulk copies
-    cta_barrier<Cfg>();
+    mma_barrier();
     const int row = w.row0 + tid;
     if (tid < Cfg::kBlockM && row < p.rows && row_has_values(row_sum[tid], bad)) {
       bulk_store(p.partial_out + (static_cast<int64_t>(w.slot) * p.rows + row) * kDimV,
@@ -448,17 +446,19 @@ __device__ __forceinline__ void decode_segment_wgmma(const DecodeKernelParams& p
 }
 
 // The convert warpgroup's part of a segment (fp8_e4m3): per tile, raw e4m3 -> the MMA element
-// type in place, in the phases of traits_wgmma.cuh's schedule; then the CTA barriers that
-// decode_segment_wgmma's threads pass, in the same order. Thread c of the warpgroup handles the
-// 16-byte raw units c and c + 128 of each block (key u / 4, values 16 (u % 4) .. + 15 of the
-// block: a warp's reads are 512 contiguous bytes) and writes them as 16-bit chunks 2 (u % 4) and
+// type in place, in the phases of traits_wgmma.cuh's schedule. It waits for nothing but the
+// tiles' TMA completions: a tile is issued into a stage only once the MMA warpgroups are done
+// with the stage's previous tile (and with the staged rows of a segment's end). Thread c of the
+// warpgroup handles the 16-byte raw units c and c + 128 of each block (key u / 4, values 16 (u % 4)
+// .. + 15 of the block: a warp's reads are 512 contiguous bytes) and writes them as 16-bit chunks 2
+// (u % 4) and
 // + 1 of the key's row (every 8 lanes of a store meet 8 distinct bank groups). Each phase ends
 // with a fence, and lane 0 of each warp arrives on the converted mbarriers of the blocks written.
 template <class Cfg>
-__device__ __forceinline__ void convert_segment(const DecodeKernelParams& p, const WorkItem& w,
-                                                uint8_t* smem, uint32_t& full_phase) {
+__device__ __forceinline__ void convert_segment(const WorkItem& w, uint8_t* smem,
+                                                uint32_t& full_phase) {
   using Elem = typename Cfg::Element;
-  constexpr int kUnitsPerKey = Cfg::kRawBlockBytes / kBlockN / 16;  // 16-byte raw units: 4
+  constexpr int kUnitsPerKey = Cfg::kRawBlockBytes / kBlockN / 16;       // 16-byte raw units: 4
   constexpr int kPasses = Cfg::kRawBlockBytes / 16 / kWarpgroupThreads;  // units per thread: 2
   const int c = static_cast<int>(threadIdx.x) - kConvertWarpgroup * kWarpgroupThreads;
   const uint32_t full_barriers = smem_addr(smem + Cfg::kFullBarrierOffset);
@@ -472,7 +472,6 @@ __device__ __forceinline__ void convert_segment(const DecodeKernelParams& p, con
                                        Cfg::operand_offset(key, chunk + 1)};
   static_assert(kWarpgroupThreads / kUnitsPerKey % kSwizzleRows == 0,
                 "a pass moves whole swizzle patterns, so its chunks keep their swizzle");
-  cta_barrier<Cfg>();  // decode_segment_wgmma's "q is complete or on its way"
   for (int t = 0; t < w.num_tiles; ++t) {
     const int st = t % Cfg::kStages;
     const uint32_t parity = (full_phase >> st) & 1u;
@@ -482,8 +481,8 @@ __device__ __forceinline__ void convert_segment(const DecodeKernelParams& p, con
       mbarrier_wait(full_barriers + 8 * (st * Cfg::kColumnBlocks + b), parity);
 #pragma unroll
       for (int i = 0; i < kPasses; ++i) {
-        raw[i] = ld_shared_v4(stage + raw_unit + b * Cfg::kRawBlockBytes +
-                              i * kWarpgroupThreads * 16);
+        raw[i] =
+            ld_shared_v4(stage + raw_unit + b * Cfg::kRawBlockBytes + i * kWarpgroupThreads * 16);
       }
     };
     auto write_block = [&](int b, const uint4(&raw)[kPasses]) {
@@ -540,8 +539,6 @@ __device__ __forceinline__ void convert_segment(const DecodeKernelParams& p, con
       }
     }
   }
-  report_bad_index(p, cta_barrier_or<Cfg>(false));  // decode_segment_wgmma's epilogue barrier
-  if (w.slot >= 0) cta_barrier<Cfg>();                // and that of its staged partial rows
 }
 
 template <class Cfg>
@@ -573,15 +570,14 @@ __global__ void __launch_bounds__(Cfg::kLaunchThreads, 1)
     if (threadIdx.x >= kThreads) {  // the convert warpgroup
       warpgroup_release_registers<Cfg::kConvertRegisters>();
       for (int segment = work.segment_begin; segment < work.segment_end; ++segment) {
-        if (segment > work.segment_begin) cta_barrier<Cfg>();  // as below
-        convert_segment<Cfg>(p, make_work_item<Cfg>(p, work.row0, segment), smem, full_phase);
+        convert_segment<Cfg>(make_work_item<Cfg>(p, work.row0, segment), smem, full_phase);
       }
       return;
     }
     warpgroup_claim_registers<Cfg::kMmaRegisters>();
   }
   for (int segment = work.segment_begin; segment < work.segment_end; ++segment) {
-    if (segment > work.segment_begin) cta_barrier<Cfg>();  // the last one is done with shared memory
+    if (segment > work.segment_begin) mma_barrier();  // the last one is done with shared memory
     decode_segment_wgmma<Cfg>(p, cache_map, q_map, make_work_item<Cfg>(p, work.row0, segment), smem,
                               full_phase, q_phase);
   }

@@ -27,8 +27,8 @@ __host__ __device__ constexpr uint32_t sw128_k_offset(int row, int chunk) {
 }
 
 // Warpgroup roles of the wgmma kernel (kernel_wgmma.cuh).
-inline constexpr int kScoreWarpgroup = 0;  // S = q K^T, softmax, P; O columns [0, 256)
-inline constexpr int kCopyWarpgroup = 1;   // the TMA copies (one thread); O columns [256, 512)
+inline constexpr int kScoreWarpgroup = 0;    // S = q K^T, softmax, P; O columns [0, 256)
+inline constexpr int kCopyWarpgroup = 1;     // the TMA copies (one thread); O columns [256, 512)
 inline constexpr int kConvertWarpgroup = 2;  // fp8 caches: raw tiles -> 16-bit tiles in place
 inline constexpr int kWarpgroupThreads = 128;
 inline constexpr int kWarpgroupWarps = kWarpgroupThreads / 32;
@@ -96,8 +96,8 @@ struct WgmmaConfig {
   // 7 and reads 8; phase 3 writes 8: 3 barriers and 4 fence-and-arrive rounds per tile instead of
   // 5 and 9 block by block (which left ~0.9 us of conversion latency per tile on the critical
   // path: docs/perf-notes.md item 15).
-  static constexpr int kRawBlockBytes = kBlockN * kSwizzleBytes / 2;  // 4 KiB
-  static constexpr int kConvertedBlockBytes = kBlockN * kSwizzleBytes;  // 8 KiB
+  static constexpr int kRawBlockBytes = kBlockN * kSwizzleBytes / 2;                     // 4 KiB
+  static constexpr int kConvertedBlockBytes = kBlockN * kSwizzleBytes;                   // 8 KiB
   static constexpr int kRawOffsetInStage = kTileBytes - kColumnBlocks * kRawBlockBytes;  // 36 KiB
   static constexpr int kConvertPhases = 4;
   static constexpr int kHeldBlocks = 2;  // raw blocks a thread holds in registers at once
