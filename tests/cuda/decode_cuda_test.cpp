@@ -352,26 +352,22 @@ TEST(MlaDecodeCuda, SixtyFourRowTilesOverEveryPageShape) {
 TEST(MlaDecodeCuda, SixtyFourRowTilesOverFp8E4m3Caches) {
   MLAKIT_SKIP_WITHOUT_GPU();
   uint64_t stream = 290;
-  struct Shape {
-    int64_t heads, s_q, block_size;
-    DType q_dtype;
-  };
-  for (const Shape& shape : {Shape{128, 1, 64, DType::kBF16}, Shape{128, 2, 16, DType::kFp8E4m3},
-                             Shape{64, 1, 8, DType::kF16}, Shape{64, 3, 128, DType::kF32},
-                             Shape{32, 2, 32, DType::kFp8E4m3}, Shape{128, 1, 24, DType::kBF16}}) {
-    Case c;
-    c.seq_lens = {1000, 130, 0, 64, static_cast<int32_t>(shape.s_q), 127, 200};
+  auto fp8_case = [](int64_t heads, int64_t s_q, int64_t block_size, DType q_dtype) {
+    Case c;  // check_case traces every field
+    c.seq_lens = {1000, 130, 0, 64, static_cast<int32_t>(s_q), 127, 200};
     c.kv_dtype = KvCacheDType::kFp8E4m3;
-    c.heads = shape.heads;
-    c.s_q = shape.s_q;
-    c.block_size = shape.block_size;
-    c.q_dtype = shape.q_dtype;
+    c.heads = heads;
+    c.s_q = s_q;
+    c.block_size = block_size;
+    c.q_dtype = q_dtype;
     c.q_scale = 2.0f;  // applies to an fp8 q only
     c.k_scale = 0.5f;
     c.out_dtype = DType::kBF16;
-    SCOPED_TRACE(testing::Message()
-                 << "heads " << shape.heads << " s_q " << shape.s_q << " block_size "
-                 << shape.block_size << " q " << dtype_name(shape.q_dtype));
+    return c;
+  };
+  for (const Case& c : {fp8_case(128, 1, 64, DType::kBF16), fp8_case(128, 2, 16, DType::kFp8E4m3),
+                        fp8_case(64, 1, 8, DType::kF16), fp8_case(64, 3, 128, DType::kF32),
+                        fp8_case(32, 2, 32, DType::kFp8E4m3), fp8_case(128, 1, 24, DType::kBF16)}) {
     check_case(c, stream++, {0, 5});
   }
 }
