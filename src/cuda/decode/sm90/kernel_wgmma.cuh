@@ -453,7 +453,8 @@ __device__ __forceinline__ void decode_segment_wgmma(const DecodeKernelParams& p
 // .. + 15 of the block: a warp's reads are 512 contiguous bytes) and writes them as 16-bit chunks 2
 // (u % 4) and
 // + 1 of the key's row (every 8 lanes of a store meet 8 distinct bank groups). Each phase ends
-// with a fence, and lane 0 of each warp arrives on the converted mbarriers of the blocks written.
+// with a fence, and every thread arrives on the converted mbarriers of the blocks written (2.8 %
+// faster than __syncwarp and one arrival per warp: bench/results/2026-12-06-h100-check-fp8.md).
 template <class Cfg>
 __device__ __forceinline__ void convert_segment(const WorkItem& w, uint8_t* smem,
                                                 uint32_t& full_phase) {
@@ -528,13 +529,10 @@ __device__ __forceinline__ void convert_segment(const WorkItem& w, uint8_t* smem
         }
       }
       fence_shared_for_wgmma();  // this thread's 16-bit values become visible to wgmma
-      __syncwarp();
-      if (c % 32 == 0) {
 #pragma unroll
-        for (int b = 0; b < Cfg::kColumnBlocks; ++b) {
-          if (Cfg::converted_write_phase(b) == phase) {
-            mbarrier_arrive(converted_barriers + 8 * (st * Cfg::kColumnBlocks + b));
-          }
+      for (int b = 0; b < Cfg::kColumnBlocks; ++b) {
+        if (Cfg::converted_write_phase(b) == phase) {
+          mbarrier_arrive(converted_barriers + 8 * (st * Cfg::kColumnBlocks + b));
         }
       }
     }
@@ -559,7 +557,8 @@ __global__ void __launch_bounds__(Cfg::kLaunchThreads, 1)
     mbarrier_init(smem_addr(smem + Cfg::kQBarrierOffset), 1);  // the producer
     if constexpr (Cfg::kConvert) {
       for (int i = 0; i < Cfg::kStages * Cfg::kColumnBlocks; ++i) {
-        mbarrier_init(smem_addr(smem + Cfg::kConvertedBarrierOffset + 8 * i), kWarpgroupWarps);
+        // every thread of the convert warpgroup
+        mbarrier_init(smem_addr(smem + Cfg::kConvertedBarrierOffset + 8 * i), kWarpgroupThreads);
       }
     }
   }

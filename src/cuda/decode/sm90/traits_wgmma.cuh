@@ -80,7 +80,7 @@ struct WgmmaConfig {
   // (q loaded by TMA, DecodeKernelParams::q_by_tma).
   static constexpr int kQBarrierOffset = kFullBarrierOffset + kStages * kColumnBlocks * 8;
   // fp8 caches: one more mbarrier per (stage, column block), [kStages][kColumnBlocks]: its phase
-  // completes when the converting warpgroup's 4 warps have written that block's 16-bit values.
+  // completes when the converting warpgroup's 128 threads have written that block's 16-bit values.
   static constexpr int kConvertedBarrierOffset = kQBarrierOffset + 8;
   static constexpr int kSmemBytes =
       kConvertedBarrierOffset + (kConvert ? kStages * kColumnBlocks * 8 : 0) + kBaseAlignment;
