@@ -31,7 +31,6 @@ inline constexpr int kScoreWarpgroup = 0;    // S = q K^T, softmax, P; O columns
 inline constexpr int kCopyWarpgroup = 1;     // the TMA copies (one thread); O columns [256, 512)
 inline constexpr int kConvertWarpgroup = 2;  // fp8 caches: raw tiles -> 16-bit tiles in place
 inline constexpr int kWarpgroupThreads = 128;
-inline constexpr int kWarpgroupWarps = kWarpgroupThreads / 32;
 
 template <class Element_, CacheFormat kFormat_ = CacheFormat::kNative>
 struct WgmmaConfig {
