@@ -1,6 +1,6 @@
 // 16-byte shared-memory loads and stores at 32-bit shared-window addresses (smem_addr): a loop
 // that addresses many blocks of a tile keeps one 32-bit base per access pattern instead of 64-bit
-// generic pointers (the fp8 decode's convert warpgroup runs with 56 registers).
+// generic pointers (the fp8 decode's convert warpgroup runs with 40 registers).
 #pragma once
 
 #include <cstdint>

@@ -1,13 +1,12 @@
 #include "cuda/decode/sm90/cache_tensor_map.hpp"
 
-#include <cudaTypedefs.h>
-#include <cuda_runtime.h>
+#include <cuda_runtime.h>  // __host__ __device__ of traits.cuh in a .cpp
 
 #include <algorithm>
 #include <cstdint>
 
 #include "core/check.hpp"
-#include "cuda/common/runtime.hpp"
+#include "cuda/common/tensor_map.hpp"
 #include "cuda/decode/sm90/traits.cuh"
 
 namespace mlakit::cuda::decode_sm90 {
@@ -16,22 +15,6 @@ namespace {
 
 constexpr int kTmaAlignment = 16;  // TMA's requirement on the global address and strides (bytes)
 constexpr int kBoxValues = 64;     // one 128-byte swizzle span of 16-bit values (a column block)
-constexpr int kDriverVersion = 12000;  // the cuTensorMapEncodeTiled signature of CUDA 12.0
-
-PFN_cuTensorMapEncodeTiled_v12000 encode_function() {
-  static const PFN_cuTensorMapEncodeTiled_v12000 function = [] {
-    void* entry = nullptr;
-    cudaDriverEntryPointQueryResult found = cudaDriverEntryPointSymbolNotFound;
-    check_cuda(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &entry, kDriverVersion,
-                                                cudaEnableDefault, &found),
-               "mla_decode", "cudaGetDriverEntryPointByVersion(cuTensorMapEncodeTiled)");
-    if (found != cudaDriverEntryPointSuccess || entry == nullptr) {
-      detail::fail(ErrorCode::kBackend, "mla_decode: the driver has no cuTensorMapEncodeTiled");
-    }
-    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(entry);
-  }();
-  return function;
-}
 
 }  // namespace
 
@@ -47,19 +30,16 @@ CUtensorMap make_cache_tensor_map(const DecodeKernelParams& p, CacheFormat forma
   detail::require(format == CacheFormat::kNative || format == CacheFormat::kFp8E4m3,
                   ErrorCode::kInternal, "mla_decode: TMA reads native and fp8_e4m3 caches only");
   const bool fp8 = format == CacheFormat::kFp8E4m3;
-  CUtensorMap map;
   const cuuint64_t dims[3] = {static_cast<cuuint64_t>(kDimQK),
                               static_cast<cuuint64_t>(p.block_size),
                               static_cast<cuuint64_t>(p.num_blocks)};
   const cuuint64_t strides[2] = {static_cast<cuuint64_t>(p.cache_stride_slot_bytes),
                                  static_cast<cuuint64_t>(p.cache_stride_block_bytes)};
   const cuuint32_t box[3] = {kBoxValues, static_cast<cuuint32_t>(cache_box_slots(p.block_size)), 1};
-  const cuuint32_t element_strides[3] = {1, 1, 1};
-  const CUresult status = encode_function()(
-      &map, fp8 ? CU_TENSOR_MAP_DATA_TYPE_UINT8 : CU_TENSOR_MAP_DATA_TYPE_UINT16, 3,
-      const_cast<uint8_t*>(p.cache), dims, strides, box, element_strides,
-      CU_TENSOR_MAP_INTERLEAVE_NONE, fp8 ? CU_TENSOR_MAP_SWIZZLE_NONE : CU_TENSOR_MAP_SWIZZLE_128B,
-      CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  CUtensorMap map;
+  const CUresult status = encode_tiled_tensor_map(
+      "mla_decode", map, fp8 ? CU_TENSOR_MAP_DATA_TYPE_UINT8 : CU_TENSOR_MAP_DATA_TYPE_UINT16, 3,
+      p.cache, dims, strides, box, fp8 ? CU_TENSOR_MAP_SWIZZLE_NONE : CU_TENSOR_MAP_SWIZZLE_128B);
   if (status != CUDA_SUCCESS) {
     detail::fail(ErrorCode::kBackend,
                  detail::str_cat("mla_decode: cuTensorMapEncodeTiled refused the kv_cache (error ",
@@ -81,7 +61,6 @@ std::optional<CUtensorMap> make_q_tensor_map(const DecodeKernelParams& p, Runtim
     return std::nullopt;
   }
   const int64_t box_heads = std::min<int64_t>(heads, kDecodeRowsLarge);
-  CUtensorMap map;
   const cuuint64_t dims[4] = {static_cast<cuuint64_t>(kDimQK), static_cast<cuuint64_t>(heads),
                               static_cast<cuuint64_t>(p.s_q), static_cast<cuuint64_t>(p.batch)};
   const cuuint64_t strides[3] = {static_cast<cuuint64_t>(p.q_stride_head * kBytes),
@@ -89,12 +68,11 @@ std::optional<CUtensorMap> make_q_tensor_map(const DecodeKernelParams& p, Runtim
                                  static_cast<cuuint64_t>(p.q_stride_batch * kBytes)};
   const cuuint32_t box[4] = {kBoxValues, static_cast<cuuint32_t>(box_heads),
                              static_cast<cuuint32_t>(kDecodeRowsLarge / box_heads), 1};
-  const cuuint32_t element_strides[4] = {1, 1, 1, 1};
-  const CUresult status = encode_function()(
-      &map, CU_TENSOR_MAP_DATA_TYPE_UINT16, 4, const_cast<void*>(p.q), dims, strides, box,
-      element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
-      CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-  if (status != CUDA_SUCCESS) return std::nullopt;  // e.g. strides the driver does not take
+  CUtensorMap map;
+  if (encode_tiled_tensor_map("mla_decode", map, CU_TENSOR_MAP_DATA_TYPE_UINT16, 4, p.q, dims,
+                              strides, box, CU_TENSOR_MAP_SWIZZLE_128B) != CUDA_SUCCESS) {
+    return std::nullopt;  // e.g. strides the driver does not take: the threads load q
+  }
   return map;
 }
 

@@ -10,9 +10,9 @@
 //                    (nobody waits for the copies but the score warpgroup, when it needs them);
 //                    at a segment's start also the q tile, by TMA where q needs no conversion;
 //   convert warpgroup  (fp8_e4m3 only) TMA lands the tile's raw e4m3 column blocks in the stage's
-//                    last 36 KiB; per block, in order, it reads the raw block, converts it to the
-//                    MMA element type (exact) and writes the 16-bit block in place, announced on a
-//                    second mbarrier per block (traits_wgmma.cuh: the order is what makes it safe);
+//                    last 36 KiB; it converts them to the MMA element type (exact) in place, in
+//                    the phases of traits_wgmma.cuh's schedule (which makes it safe), announced
+//                    on a second mbarrier per block;
 //   score warpgroup  zeroes the values of keys past the segment's end (last tile); S = q K_t^T
 //                    with 36 wgmma m64n64k16 (the whole tile: q is read once per tile), in
 //                    batches of kScoreBatchBlocks column blocks, each issued once its blocks'
@@ -449,12 +449,12 @@ __device__ __forceinline__ void decode_segment_wgmma(const DecodeKernelParams& p
 // type in place, in the phases of traits_wgmma.cuh's schedule. It waits for nothing but the
 // tiles' TMA completions: a tile is issued into a stage only once the MMA warpgroups are done
 // with the stage's previous tile (and with the staged rows of a segment's end). Thread c of the
-// warpgroup handles the 16-byte raw units c and c + 128 of each block (key u / 4, values 16 (u % 4)
-// .. + 15 of the block: a warp's reads are 512 contiguous bytes) and writes them as 16-bit chunks 2
-// (u % 4) and
-// + 1 of the key's row (every 8 lanes of a store meet 8 distinct bank groups). Each phase ends
-// with a fence, and every thread arrives on the converted mbarriers of the blocks written (2.8 %
-// faster than __syncwarp and one arrival per warp: bench/results/2026-12-06-h100-check-fp8.md).
+// warpgroup handles the 16-byte raw units u = c and c + 128 of each block (key u / 4, values
+// 16 (u % 4) .. + 15 of the block: a warp's reads are 512 contiguous bytes) and writes them as the
+// 16-bit chunks 2 (u % 4) and 2 (u % 4) + 1 of the key's row (every 8 lanes of a store meet 8
+// distinct bank groups). Each phase ends with a fence, and every thread arrives on the converted
+// mbarriers of the blocks written (2.8 % faster than __syncwarp and one arrival per warp:
+// bench/results/2026-12-06-h100-check-fp8.md).
 template <class Cfg>
 __device__ __forceinline__ void convert_segment(const WorkItem& w, uint8_t* smem,
                                                 uint32_t& full_phase) {

@@ -43,7 +43,7 @@ struct WgmmaConfig {
   static constexpr CacheFormat kFormat = kFormat_;
   // fp8_e4m3: TMA lands a tile's raw e4m3 bytes in the upper half of its stage, and a third
   // warpgroup converts them in place, column block by column block, into the 16-bit operand tile
-  // the native kernel reads (section "fp8 tiles" of docs/kernels/decode_sm90.md).
+  // the native kernel reads (section "fp8_e4m3 tiles" of docs/kernels/decode_sm90.md).
   static constexpr bool kConvert = kFormat == CacheFormat::kFp8E4m3;
   static constexpr int kLaunchThreads = kThreads + (kConvert ? kWarpgroupThreads : 0);
 
@@ -115,7 +115,7 @@ struct WgmmaConfig {
   // fp8: the launch gives each of the 384 threads 65536 / 384 -> 168 registers; the converting
   // warpgroup needs few (two held raw blocks, one in flight, 32-bit shared addresses: with 64-bit
   // generic pointers it spilled even at 88), so it gives them back and the MMA warpgroups, which
-  // hold O (128 f32 each), take 232 (2 x 232 + 40 = 3 x 168; ptxas: no spills, where 254 serve
+  // hold O (128 f32 each), take 232 (2 x 232 + 40 = 3 x 168; ptxas: no spills, where 245 serve
   // the native kernel's 256 threads).
   static constexpr int kConvertRegisters = 40;
   static constexpr int kMmaRegisters = 232;
@@ -163,8 +163,9 @@ struct WgmmaConfig {
   }
   static_assert(conversion_schedule_is_safe(),
                 "the in-place conversion never overwrites raw bytes before every thread read them");
-  static_assert(!kConvert || kWarpgroups * kMmaRegisters + kConvertRegisters <=
-                                 3 * (65536 / kLaunchThreads / 8 * 8),
+  static_assert(!kConvert ||
+                    kWarpgroups * kMmaRegisters + kConvertRegisters <=
+                        kLaunchThreads / kWarpgroupThreads * (65536 / kLaunchThreads / 8 * 8),
                 "setmaxnreg: the warpgroups' registers fit the launch's pool");
   static_assert(kRawOffsetInStage % 1024 == 0 && kRawBlockBytes % 128 == 0,
                 "raw TMA boxes land on 128-byte boundaries");
