@@ -7,7 +7,7 @@
 #   ONLY="decode_cuda_test bench_gpu_decode" bash scripts/device/collect.sh   -> just those programs
 #   (the ones check.sh's ONLY will run; build them with cmake --build --preset cuda --target ...)
 #   EXTRA="/tmp/ab/bench_gpu_decode_base ..." also packs those programs as they are (builds of other
-#   commits for an A/B run: scripts/device/ab_decode.sh)
+#   commits for an A/B run: scripts/device/ab.sh)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 BUILD=${BUILD:-build/cuda}
