@@ -4,7 +4,8 @@
 # the baseline in the same run). BENCH names the bench (default bench_gpu_decode; bench_gpu_prefill
 # works too). The builds: every .devbin/bin/<BENCH>_<label> (packed by collect.sh's EXTRA, builds of
 # other commits) and .devbin/bin/<BENCH> as "head". Each runs ROUNDS times (default 2; use an even
-# count), the builds in turn within a round (reversed every other round).
+# count), the builds in turn within a round (reversed every other round), each run for at most
+# RUN_TIMEOUT seconds (default 120).
 # bench_gpu_decode runs the rows ROWS selects (its --only: ';'-separated label texts; default:
 # issue 8's h_q 128 rows and one h_q 16 row, whose M16 kernel serves as the control) and writes
 # JSON rows; bench_gpu_prefill runs all its shapes, read from its printed lines.
@@ -38,7 +39,8 @@ for round in $(seq 1 "$ROUNDS"); do
     args=()
     [ "$BENCH" = bench_gpu_decode ] &&
       args=(--only "$ROWS" --commit "$build" --json "$OUT/run-$build-$round.json")
-    "$binary" "${args[@]}" > "$OUT/run-$build-$round.txt" 2>&1 ||
+    # A hung kernel costs one run, not the call.
+    timeout "${RUN_TIMEOUT:-120}" "$binary" "${args[@]}" > "$OUT/run-$build-$round.txt" 2>&1 ||
       echo "ab: $build round $round failed (exit $?)"
     echo "round $round $build: $(grep -c . "$OUT/run-$build-$round.txt") lines"
   done

@@ -20,8 +20,8 @@ LOG="$OUT/check.log"
 say() { echo "$@" | tee -a "$LOG"; }
 selected() { [ -z "${ONLY:-}" ] || [[ " $ONLY " == *" $1 "* ]]; }
 DEADLINE=$((SECONDS + 530))  # 8 min 50 s in all
-TEST_TIMEOUT=240             # one test program
-BENCH_TIMEOUT=120            # one bench program
+TEST_TIMEOUT=${TEST_TIMEOUT:-240} # one test program (seconds)
+BENCH_TIMEOUT=${BENCH_TIMEOUT:-120} # one bench program
 
 # The programs and libraries carried in .devbin (collect.sh).
 source scripts/device/devbin_env.sh || exit 2
