@@ -1,0 +1,188 @@
+// Device code of the warp-specialized prefill kernel (sm_90a; docs/kernels/prefill_sm90.md,
+// "The warp-specialized kernel"). EXPERIMENT (branch exp/prefill-ws): not yet run on a GPU.
+//
+// Block = (128 query rows, head, request), three warpgroups:
+//   producer   (threads 0-127, 40 registers) its first thread issues every copy by TMA: the Q
+//              tile [128, 192] once, then per key tile of 64 K [64, k_nope 128 | k_pe 64] and
+//              V [64, 128] into a ring of kStages stages, each stage announced on a `full`
+//              mbarrier (transaction bytes) and refilled once both consumers released it on its
+//              `empty` mbarrier;
+//   consumers  (threads 128-383, 232 registers) 64 query rows each, per tile: S = Q K^T (wgmma
+//              m64n64k16), online softmax on S's registers, O += P V (P from registers), then
+//              release the stage. No CTA barrier per tile: a consumer waits only for its tile.
+// Keys past the request in the last tile come from the next request or TMA's zero fill: their
+// scores are masked, and their V rows are zeroed (0 * NaN would poison P V).
+#pragma once
+
+#include <cute/tensor.hpp>
+
+#include "cuda/common/mbarrier.cuh"
+#include "cuda/common/named_barrier.cuh"
+#include "cuda/common/registers.cuh"
+#include "cuda/common/tma.cuh"
+#include "cuda/prefill/online_softmax.cuh"
+#include "cuda/prefill/params.cuh"
+#include "cuda/prefill/request.cuh"
+#include "cuda/prefill/wgmma_kernel.cuh"
+#include "cuda/prefill/wgmma_traits.cuh"
+
+namespace mlakit::cuda::prefill::ws {
+
+using namespace cute;
+
+// The consumers' MMAs, layouts and shared storage are the wgmma kernel's with 2 warpgroups (128
+// rows: 4 stages of K/V fit beside Q); one producer warpgroup more.
+template <class In>
+struct Traits : wgmma::Traits<In, 2> {
+  using Base = wgmma::Traits<In, 2>;
+  static constexpr int kConsumerThreads = Base::kThreads;              // 256
+  static constexpr int kThreads = kConsumerThreads + 128;              // + the producer
+  static constexpr int kConsumerWarps = kConsumerThreads / 32;         // 8
+  static constexpr int kKStageBytes = Base::kBlockN * kHeadDimQK * 2;  // 24 KiB
+  static constexpr int kVStageBytes = Base::kBlockN * kHeadDimV * 2;   // 16 KiB
+  static constexpr int kColumnBlockValues = 64;                        // one 128-byte span
+  // 65536 / 384 -> 168 registers per thread at launch; the producer keeps 40 (coordinates and
+  // barrier addresses), the consumers take 232 (2 x 232 + 40 = 3 x 168).
+  static constexpr int kProducerRegisters = 40;
+  static constexpr int kConsumerRegisters = 232;
+  struct Barriers {
+    uint64_t full[Base::kStages];   // the stage's tile has landed (producer + transaction bytes)
+    uint64_t empty[Base::kStages];  // every consumer warp is done with the stage's tile
+    uint64_t q_full;                // the Q tile has landed
+  };
+  static constexpr int kSmemBytes = Base::kSmemBytes + static_cast<int>(sizeof(Barriers));
+  static_assert(kSmemBytes <= 227 * 1024, "one block must fit sm_90's 227 KiB opt-in limit");
+  static_assert(2 * kConsumerRegisters + kProducerRegisters <= 3 * (65536 / kThreads / 8 * 8),
+                "setmaxnreg: the warpgroups' registers fit the launch's pool");
+};
+
+template <class In, class Out, class T = Traits<In>>
+__global__ void __launch_bounds__(T::kThreads, 1)
+    prefill_ws_kernel(const __grid_constant__ PrefillParams p,
+                      const __grid_constant__ CUtensorMap q_map,
+                      const __grid_constant__ CUtensorMap k_nope_map,
+                      const __grid_constant__ CUtensorMap k_pe_map,
+                      const __grid_constant__ CUtensorMap v_map) {
+  using Element = typename T::Element;
+  constexpr int kBlockM = T::kBlockM, kBlockN = T::kBlockN, kStages = T::kStages;
+  constexpr int kScoreTiles = kBlockN / 8;  // n8 tiles of S per thread row pair
+  constexpr int kOutTiles = kHeadDimV / 8;  // n8 tiles of O
+  constexpr int kSwizzleBytes = 128;        // one column block row
+
+  extern __shared__ char smem_raw[];
+  auto* storage = reinterpret_cast<typename T::SharedStorage*>(
+      (reinterpret_cast<uintptr_t>(smem_raw) + 1023) / 1024 * 1024);
+  auto* bars = reinterpret_cast<typename T::Barriers*>(storage + 1);
+  auto sQ = make_tensor(make_smem_ptr(storage->q.data()), typename T::SmemLayoutQ{});
+  auto sK = make_tensor(make_smem_ptr(storage->k.data()), typename T::SmemLayoutK{});
+  auto sV = make_tensor(make_smem_ptr(storage->v.data()), typename T::SmemLayoutV{});
+  auto sVt = make_tensor(make_smem_ptr(storage->v.data()), typename T::SmemLayoutVt{});
+
+  const int head = blockIdx.y, b = blockIdx.z;
+  Request r;
+  if (!resolve_request<Out>(p, head, b, r)) return;
+  // Reversed: the blocks launched first hold the last rows, which see the most keys (causal).
+  const int row0 = (gridDim.x - 1 - blockIdx.x) * kBlockM;
+  if (row0 >= r.sq) return;
+  const int rows_valid = min(kBlockM, r.sq - row0);
+  const KeyRange keys = key_range(r, p.causal, row0, rows_valid);
+  const int key_tiles = (keys.block_keys + kBlockN - 1) / kBlockN;
+
+  auto bar = [](uint64_t& m) { return smem_address(&m); };
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < kStages; ++s) {
+      mbarrier_init(bar(bars->full[s]), 1);                   // the producer
+      mbarrier_init(bar(bars->empty[s]), T::kConsumerWarps);  // lane 0 of every consumer warp
+    }
+    mbarrier_init(bar(bars->q_full), 1);
+  }
+  fence_mbarrier_init();  // the initialized mbarriers become visible to the TMA unit
+  __syncthreads();        // the last CTA barrier: the roles part here
+
+  if (threadIdx.x < 128) {  // the producer warpgroup
+    warpgroup_release_registers<T::kProducerRegisters>();
+    if (threadIdx.x != 0 || key_tiles == 0) return;
+    const uint32_t q_dst = smem_address(storage->q.data());
+    mbarrier_arrive_expect_tx(bar(bars->q_full), T::kQBytes);
+    for (int kb = 0; kb < kHeadDimQK / T::kColumnBlockValues; ++kb) {
+      tma_load_3d(q_dst + kb * kBlockM * kSwizzleBytes, &q_map, bar(bars->q_full),
+                  kb * T::kColumnBlockValues, head, static_cast<int>(r.q_begin + row0));
+    }
+    const uint32_t k_dst = smem_address(storage->k.data()), v_dst = smem_address(storage->v.data());
+    for (int t = 0; t < key_tiles; ++t) {
+      const int stage = t % kStages;
+      if (t >= kStages) mbarrier_wait(bar(bars->empty[stage]), ((t / kStages) - 1) & 1);
+      const uint32_t full = bar(bars->full[stage]);
+      mbarrier_arrive_expect_tx(full, T::kTileBytes);
+      const int key0 = static_cast<int>(r.k_begin) + t * kBlockN;
+      const uint32_t k_stage = k_dst + stage * T::kKStageBytes;
+      for (int kb = 0; kb < kNope / T::kColumnBlockValues; ++kb) {
+        tma_load_3d(k_stage + kb * kBlockN * kSwizzleBytes, &k_nope_map, full,
+                    kb * T::kColumnBlockValues, head, key0);
+      }
+      tma_load_3d(k_stage + (kNope / T::kColumnBlockValues) * kBlockN * kSwizzleBytes, &k_pe_map,
+                  full, 0, 0, key0);
+      const uint32_t v_stage = v_dst + stage * T::kVStageBytes;
+      for (int kb = 0; kb < kHeadDimV / T::kColumnBlockValues; ++kb) {
+        tma_load_3d(v_stage + kb * kBlockN * kSwizzleBytes, &v_map, full,
+                    kb * T::kColumnBlockValues, head, key0);
+      }
+    }
+    return;
+  }
+
+  warpgroup_claim_registers<T::kConsumerRegisters>();
+  const int ct = static_cast<int>(threadIdx.x) - 128;  // 0..255: the consumers' thread index
+  typename T::MmaQK mma_qk;
+  typename T::MmaPV mma_pv;
+  auto thread_qk = mma_qk.get_thread_slice(ct);
+  auto thread_pv = mma_pv.get_thread_slice(ct);
+  auto tSrQ = thread_qk.partition_fragment_A(sQ);   // descriptors (MMA, MMA_M, MMA_K)
+  auto tSrK = thread_qk.partition_fragment_B(sK);   // (MMA, MMA_N, MMA_K, stage)
+  auto tOrV = thread_pv.partition_fragment_B(sVt);  // (MMA, MMA_N, MMA_K, stage)
+  auto tSrS = partition_fragment_C(mma_qk, Shape<Int<kBlockM>, Int<kBlockN>>{});
+  auto tOrO = partition_fragment_C(mma_pv, Shape<Int<kBlockM>, Int<kHeadDimV>>{});
+  static_assert(size(tSrS) == kScoreTiles * 4 && size(tOrO) == kOutTiles * 4,
+                "one warpgroup's m64 accumulators: 4 values per n8 tile per thread");
+  auto tOrP = make_tensor<Element>(Layout<Shape<Shape<_2, _2, _2>, _1, Int<kBlockN / 16>>>{});
+  clear(tOrO);
+  auto score = [&](int j, int i) -> float& { return tSrS(4 * j + i); };
+  auto out = [&](int j, int i) -> float& { return tOrO(4 * j + i); };
+
+  const int lane = ct % 32;
+  const int thread_row = row0 + (ct / 128) * 64 + (ct % 128) / 32 * 16 + lane / 4;
+  RowState rows;
+  if (key_tiles > 0) mbarrier_wait(bar(bars->q_full), 0);
+  for (int t = 0; t < key_tiles; ++t) {
+    const int stage = t % kStages;
+    mbarrier_wait(bar(bars->full[stage]), (t / kStages) & 1);
+    const int key0 = t * kBlockN;
+    const int valid = r.sk - key0;  // keys of the request in this tile (< kBlockN: the last)
+    if (valid < kBlockN) {
+      // V rows past the request hold the next request's values or TMA's zeros: zero them, since
+      // their P = 0 would still turn a NaN there into NaN rows. Both consumers, then both wait.
+      auto v_tile = sV(_, _, stage);
+      for (int i = ct; i < (kBlockN - valid) * kHeadDimV; i += T::kConsumerThreads) {
+        v_tile(valid + i / kHeadDimV, i % kHeadDimV) = Element(0.0f);
+      }
+      fence_shared_for_wgmma();
+      named_barrier_sync(1, T::kConsumerThreads);
+    }
+    warpgroup_gemm(mma_qk, tSrQ, tSrK(_, _, _, stage), tSrS, false);
+    const bool masked = key0 + kBlockN > keys.first_row_keys;
+    int key_limit[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      key_limit[h] = row_key_limit(r, keys, p.causal, thread_row + 8 * h, key0);
+    }
+    softmax_tile<kScoreTiles, kOutTiles>(score, p.scale_log2, masked, key_limit, lane, rows, out);
+#pragma unroll
+    for (int i = 0; i < size(tOrP); ++i) tOrP(i) = static_cast<Element>(tSrS(i));
+    warpgroup_gemm<true>(mma_pv, tOrP, tOrV(_, _, _, stage), tOrO, true);
+    __syncwarp();
+    if (lane == 0) mbarrier_arrive(bar(bars->empty[stage]));  // this warp is done with the stage
+  }
+  store_rows<Out, kOutTiles>(p, r, head, thread_row, lane, rows, out);
+}
+
+}  // namespace mlakit::cuda::prefill::ws
