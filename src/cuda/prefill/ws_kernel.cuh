@@ -10,6 +10,8 @@
 //   consumers  (threads 128-383, 232 registers) 64 query rows each, per tile: S = Q K^T (wgmma
 //              m64n64k16), online softmax on S's registers, O += P V (P from registers), then
 //              release the stage. No CTA barrier per tile: a consumer waits only for its tile.
+//              Tile t's S and tile t-1's P V are issued as two wgmma batches at once, so the
+//              softmax of tile t overlaps P V (O is rescaled once P V has landed).
 // Keys past the request in the last tile come from the next request or TMA's zero fill: their
 // scores are masked, and their V rows are zeroed (0 * NaN would poison P V).
 #pragma once
@@ -152,35 +154,61 @@ __global__ void __launch_bounds__(T::kThreads, 1)
   const int lane = ct % 32;
   const int thread_row = row0 + (ct / 128) * 64 + (ct % 128) / 32 * 16 + lane / 4;
   RowState rows;
+  // Tile t's V rows past the request hold the next request's values or TMA's zeros: zero them,
+  // since their P = 0 would still turn a NaN there into NaN rows. Only the last tile can have
+  // such rows; both consumers zero half, then both wait.
+  auto zero_values_past_request = [&](int t, int stage) {
+    const int valid = r.sk - t * kBlockN;  // keys of the request in this tile
+    if (valid >= kBlockN) return;
+    auto v_tile = sV(_, _, stage);
+    for (int i = ct; i < (kBlockN - valid) * kHeadDimV; i += T::kConsumerThreads) {
+      v_tile(valid + i / kHeadDimV, i % kHeadDimV) = Element(0.0f);
+    }
+    fence_shared_for_wgmma();
+    named_barrier_sync(1, T::kConsumerThreads);
+  };
+  auto release_stage = [&](int stage) {  // this warp is done with the stage's K and V
+    __syncwarp();
+    if (lane == 0) mbarrier_arrive(bar(bars->empty[stage]));
+  };
+  // Intra-warpgroup overlap: tile t's S = Q K^T and tile t-1's O += P V are issued together;
+  // the softmax of tile t runs while P V still does, and O is rescaled once P V has landed.
   if (key_tiles > 0) mbarrier_wait(bar(bars->q_full), 0);
   for (int t = 0; t < key_tiles; ++t) {
-    const int stage = t % kStages;
+    const int stage = t % kStages, previous = (t + kStages - 1) % kStages;
     mbarrier_wait(bar(bars->full[stage]), (t / kStages) & 1);
-    const int key0 = t * kBlockN;
-    const int valid = r.sk - key0;  // keys of the request in this tile (< kBlockN: the last)
-    if (valid < kBlockN) {
-      // V rows past the request hold the next request's values or TMA's zeros: zero them, since
-      // their P = 0 would still turn a NaN there into NaN rows. Both consumers, then both wait.
-      auto v_tile = sV(_, _, stage);
-      for (int i = ct; i < (kBlockN - valid) * kHeadDimV; i += T::kConsumerThreads) {
-        v_tile(valid + i / kHeadDimV, i % kHeadDimV) = Element(0.0f);
-      }
-      fence_shared_for_wgmma();
-      named_barrier_sync(1, T::kConsumerThreads);
+    zero_values_past_request(t, stage);
+    warpgroup_gemm_issue(mma_qk, tSrQ, tSrK(_, _, _, stage), tSrS, false);
+    if (t > 0) {
+      warpgroup_gemm_issue<true>(mma_pv, tOrP, tOrV(_, _, _, previous), tOrO, true);
+      warpgroup_wait<1>();  // batches complete in order: S has landed, P V may still run
+    } else {
+      warpgroup_wait<0>();
     }
-    warpgroup_gemm(mma_qk, tSrQ, tSrK(_, _, _, stage), tSrS, false);
+    warpgroup_fence_operand(tSrS);
+    const int key0 = t * kBlockN;
     const bool masked = key0 + kBlockN > keys.first_row_keys;
     int key_limit[2];
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       key_limit[h] = row_key_limit(r, keys, p.causal, thread_row + 8 * h, key0);
     }
-    softmax_tile<kScoreTiles, kOutTiles>(score, p.scale_log2, masked, key_limit, lane, rows, out);
+    float rescale[2];
+    softmax_scores<kScoreTiles>(score, p.scale_log2, masked, key_limit, lane, rows, rescale);
+    if (t > 0) {
+      warpgroup_wait<0>();  // tile t-1's P V has landed: O and P are free
+      warpgroup_fence_operand(tOrO);
+      warpgroup_fence_operand(tOrP);
+      release_stage(previous);
+    }
+    rescale_out<kOutTiles>(out, rescale);
 #pragma unroll
     for (int i = 0; i < size(tOrP); ++i) tOrP(i) = static_cast<Element>(tSrS(i));
-    warpgroup_gemm<true>(mma_pv, tOrP, tOrV(_, _, _, stage), tOrO, true);
-    __syncwarp();
-    if (lane == 0) mbarrier_arrive(bar(bars->empty[stage]));  // this warp is done with the stage
+  }
+  if (key_tiles > 0) {
+    const int last = (key_tiles - 1) % kStages;
+    warpgroup_gemm<true>(mma_pv, tOrP, tOrV(_, _, _, last), tOrO, true);
+    release_stage(last);
   }
   store_rows<Out, kOutTiles>(p, r, head, thread_row, lane, rows, out);
 }
