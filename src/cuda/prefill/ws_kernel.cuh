@@ -171,21 +171,8 @@ __global__ void __launch_bounds__(T::kThreads, 1)
     __syncwarp();
     if (lane == 0) mbarrier_arrive(bar(bars->empty[stage]));
   };
-  // Intra-warpgroup overlap: tile t's S = Q K^T and tile t-1's O += P V are issued together;
-  // the softmax of tile t runs while P V still does, and O is rescaled once P V has landed.
-  if (key_tiles > 0) mbarrier_wait(bar(bars->q_full), 0);
-  for (int t = 0; t < key_tiles; ++t) {
-    const int stage = t % kStages, previous = (t + kStages - 1) % kStages;
-    mbarrier_wait(bar(bars->full[stage]), (t / kStages) & 1);
-    zero_values_past_request(t, stage);
-    warpgroup_gemm_issue(mma_qk, tSrQ, tSrK(_, _, _, stage), tSrS, false);
-    if (t > 0) {
-      warpgroup_gemm_issue<true>(mma_pv, tOrP, tOrV(_, _, _, previous), tOrO, true);
-      warpgroup_wait<1>();  // batches complete in order: S has landed, P V may still run
-    } else {
-      warpgroup_wait<0>();
-    }
-    warpgroup_fence_operand(tSrS);
+  // Probabilities of tile t in S (raw scores on entry); rescale: O's factors (softmax_scores).
+  auto tile_softmax = [&](int t, float(&rescale)[2]) {
     const int key0 = t * kBlockN;
     const bool masked = key0 + kBlockN > keys.first_row_keys;
     int key_limit[2];
@@ -193,17 +180,46 @@ __global__ void __launch_bounds__(T::kThreads, 1)
     for (int h = 0; h < 2; ++h) {
       key_limit[h] = row_key_limit(r, keys, p.causal, thread_row + 8 * h, key0);
     }
-    float rescale[2];
     softmax_scores<kScoreTiles>(score, p.scale_log2, masked, key_limit, lane, rows, rescale);
-    if (t > 0) {
-      warpgroup_wait<0>();  // tile t-1's P V has landed: O and P are free
-      warpgroup_fence_operand(tOrO);
-      warpgroup_fence_operand(tOrP);
-      release_stage(previous);
-    }
-    rescale_out<kOutTiles>(out, rescale);
+  };
+  auto scores_to_p = [&] {
 #pragma unroll
     for (int i = 0; i < size(tOrP); ++i) tOrP(i) = static_cast<Element>(tSrS(i));
+  };
+  auto wait_tile = [&](int t) {
+    const int stage = t % kStages;
+    mbarrier_wait(bar(bars->full[stage]), (t / kStages) & 1);
+    zero_values_past_request(t, stage);
+    return stage;
+  };
+  if (key_tiles > 0) {
+    // Tile 0: S alone (O is still 0: no rescale).
+    mbarrier_wait(bar(bars->q_full), 0);
+    const int stage = wait_tile(0);
+    warpgroup_gemm(mma_qk, tSrQ, tSrK(_, _, _, stage), tSrS, false);
+    float rescale[2];
+    tile_softmax(0, rescale);
+    scores_to_p();
+  }
+  // Intra-warpgroup overlap: tile t's S = Q K^T and tile t-1's O += P V are issued together;
+  // the softmax of tile t runs while P V still does, and O is rescaled once P V has landed. The
+  // body has no branch around a wgmma or a wait (ptxas, unable to pair such branches,
+  // serializes every wgmma of the kernel).
+  for (int t = 1; t < key_tiles; ++t) {
+    const int previous = (t - 1) % kStages;
+    const int stage = wait_tile(t);
+    warpgroup_gemm_issue(mma_qk, tSrQ, tSrK(_, _, _, stage), tSrS, false);
+    warpgroup_gemm_issue<true>(mma_pv, tOrP, tOrV(_, _, _, previous), tOrO, true);
+    warpgroup_wait<1>();  // batches complete in order: S has landed, P V may still run
+    warpgroup_fence_operand(tSrS);
+    float rescale[2];
+    tile_softmax(t, rescale);
+    warpgroup_wait<0>();  // tile t-1's P V has landed: O and P are free
+    warpgroup_fence_operand(tOrO);
+    warpgroup_fence_operand(tOrP);
+    release_stage(previous);
+    rescale_out<kOutTiles>(out, rescale);
+    scores_to_p();
   }
   if (key_tiles > 0) {
     const int last = (key_tiles - 1) % kStages;
