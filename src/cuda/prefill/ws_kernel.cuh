@@ -11,7 +11,8 @@
 //              m64n64k16), online softmax on S's registers, O += P V (P from registers), then
 //              release the stage. No CTA barrier per tile: a consumer waits only for its tile.
 //              Tile t's S and tile t-1's P V are issued as two wgmma batches at once, so the
-//              softmax of tile t overlaps P V (O is rescaled once P V has landed).
+//              softmax of tile t overlaps P V (O is rescaled once P V has landed). The two
+//              consumers take turns issuing (ping-pong), one's softmax beside the other's MMAs.
 // Keys past the request in the last tile come from the next request or TMA's zero fill: their
 // scores are masked, and their V rows are zeroed (0 * NaN would poison P V).
 #pragma once
@@ -192,11 +193,23 @@ __global__ void __launch_bounds__(T::kThreads, 1)
     zero_values_past_request(t, stage);
     return stage;
   };
+  // Ping-pong: the consumers take turns issuing their MMAs (group 0 first), so that one's
+  // softmax runs while the other's MMAs occupy the tensor cores. Named barrier 2 + g is group
+  // g's turn: it waits there, issues, and passes the turn by arriving at the other's.
+  const int group = ct / 128;
+  constexpr int kTurnBarrier = 2;  // 1 is the V zeroing's
+  auto wait_turn = [&] { named_barrier_sync(kTurnBarrier + group, T::kConsumerThreads); };
+  auto pass_turn = [&] { named_barrier_arrive(kTurnBarrier + 1 - group, T::kConsumerThreads); };
   if (key_tiles > 0) {
     // Tile 0: S alone (O is still 0: no rescale).
+    if (group == 1) pass_turn();
     mbarrier_wait(bar(bars->q_full), 0);
     const int stage = wait_tile(0);
-    warpgroup_gemm(mma_qk, tSrQ, tSrK(_, _, _, stage), tSrS, false);
+    wait_turn();
+    warpgroup_gemm_issue(mma_qk, tSrQ, tSrK(_, _, _, stage), tSrS, false);
+    pass_turn();
+    warpgroup_wait<0>();
+    warpgroup_fence_operand(tSrS);
     float rescale[2];
     tile_softmax(0, rescale);
     scores_to_p();
@@ -208,8 +221,10 @@ __global__ void __launch_bounds__(T::kThreads, 1)
   for (int t = 1; t < key_tiles; ++t) {
     const int previous = (t - 1) % kStages;
     const int stage = wait_tile(t);
+    wait_turn();
     warpgroup_gemm_issue(mma_qk, tSrQ, tSrK(_, _, _, stage), tSrS, false);
     warpgroup_gemm_issue<true>(mma_pv, tOrP, tOrV(_, _, _, previous), tOrO, true);
+    pass_turn();
     warpgroup_wait<1>();  // batches complete in order: S has landed, P V may still run
     warpgroup_fence_operand(tSrS);
     float rescale[2];
@@ -223,7 +238,12 @@ __global__ void __launch_bounds__(T::kThreads, 1)
   }
   if (key_tiles > 0) {
     const int last = (key_tiles - 1) % kStages;
-    warpgroup_gemm<true>(mma_pv, tOrP, tOrV(_, _, _, last), tOrO, true);
+    wait_turn();
+    warpgroup_gemm_issue<true>(mma_pv, tOrP, tOrV(_, _, _, last), tOrO, true);
+    if (group == 0) pass_turn();  // group 1's last turn passes to no one: no arrival outlives us
+    warpgroup_wait<0>();
+    warpgroup_fence_operand(tOrO);
+    warpgroup_fence_operand(tOrP);
     release_stage(last);
   }
   store_rows<Out, kOutTiles>(p, r, head, thread_row, lane, rows, out);
