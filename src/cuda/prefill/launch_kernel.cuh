@@ -37,8 +37,9 @@ void launch(Kernel kernel, const PrefillParams& p, int64_t heads, int block_rows
 
 // The warp-specialized kernel's four TMA maps (ws_kernel.cuh): q [T, N, 192] in boxes of 64 dims x
 // 1 head x 128 tokens, k_nope and v [S, N, 128] and k_pe [S, 64] (as [S, 1, 64]) in boxes of 64
-// dims x 64 keys, all 128-byte swizzled (the wgmma operand layout). nullopt when a tensor is empty
-// or the driver refuses a description (strides that are not multiples of 16 bytes, say).
+// dims x 128 keys (ws::Traits' kBlockM / kBlockN), all 128-byte swizzled (the wgmma operand
+// layout). nullopt when a tensor is empty or the driver refuses a description (strides that are not
+// multiples of 16 bytes, say).
 struct PrefillTensorMaps {
   CUtensorMap q, k_nope, k_pe, v;
 };
@@ -46,10 +47,10 @@ struct PrefillTensorMaps {
 inline std::optional<PrefillTensorMaps> make_prefill_tensor_maps(const PrefillParams& p,
                                                                  int64_t heads) {
   if (p.tokens <= 0 || p.keys <= 0 || heads <= 0) return std::nullopt;
-  constexpr cuuint64_t kBytes = 2;       // 16-bit q / k / v values
-  constexpr cuuint32_t kBoxValues = 64;  // one 128-byte swizzle span
-  constexpr cuuint32_t kQRows = 128;     // ws::Traits' kBlockM
-  constexpr cuuint32_t kKeys = 64;       // ws::Traits' kBlockN
+  constexpr cuuint64_t kBytes = 2;                          // 16-bit q / k / v values
+  constexpr cuuint32_t kBoxValues = 64;                     // one 128-byte swizzle span
+  constexpr cuuint32_t kQRows = ws::Traits<BF16>::kBlockM;  // the same for f16
+  constexpr cuuint32_t kKeys = ws::Traits<BF16>::kBlockN;
   const auto n = static_cast<cuuint64_t>(heads);
   auto map3 = [](const void* base, cuuint64_t width, cuuint64_t mid, cuuint64_t rows,
                  cuuint64_t mid_stride, cuuint64_t row_stride, cuuint32_t box_rows) {

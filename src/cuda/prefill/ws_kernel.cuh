@@ -3,12 +3,12 @@
 //
 // Block = (128 query rows, head, request), three warpgroups:
 //   producer   (threads 0-127, 40 registers) its first thread issues every copy by TMA: the Q
-//              tile [128, 192] once, then per key tile of 64 K [64, k_nope 128 | k_pe 64] and
-//              V [64, 128] into a ring of kStages stages, each stage announced on a `full`
+//              tile [128, 192] once, then per key tile of 128 K [128, k_nope 128 | k_pe 64]
+//              and V [128, 128] into a ring of kStages (2) stages, each stage announced on a `full`
 //              mbarrier (transaction bytes) and refilled once both consumers released it on its
 //              `empty` mbarrier;
 //   consumers  (threads 128-383, 232 registers) 64 query rows each, per tile: S = Q K^T (wgmma
-//              m64n64k16), online softmax on S's registers, O += P V (P from registers), then
+//              m64n128k16), online softmax on S's registers, O += P V (P from registers), then
 //              release the stage. No CTA barrier per tile: a consumer waits only for its tile.
 //              Tile t's S and tile t-1's P V are issued as two wgmma batches at once, so the
 //              softmax of tile t overlaps P V (O is rescaled once P V has landed). The two
@@ -34,15 +34,16 @@ namespace mlakit::cuda::prefill::ws {
 using namespace cute;
 
 // The consumers' MMAs, layouts and shared storage are the wgmma kernel's with 2 warpgroups (128
-// rows: 4 stages of K/V fit beside Q); one producer warpgroup more.
+// rows) and 128-key tiles (2 stages of K/V fit beside Q; the producer needs no deeper ring, since
+// TMA keeps no thread waiting); one producer warpgroup more.
 template <class In>
-struct Traits : wgmma::Traits<In, 2> {
-  using Base = wgmma::Traits<In, 2>;
+struct Traits : wgmma::Traits<In, 2, 128> {
+  using Base = wgmma::Traits<In, 2, 128>;
   static constexpr int kConsumerThreads = Base::kThreads;              // 256
   static constexpr int kThreads = kConsumerThreads + 128;              // + the producer
   static constexpr int kConsumerWarps = kConsumerThreads / 32;         // 8
-  static constexpr int kKStageBytes = Base::kBlockN * kHeadDimQK * 2;  // 24 KiB
-  static constexpr int kVStageBytes = Base::kBlockN * kHeadDimV * 2;   // 16 KiB
+  static constexpr int kKStageBytes = Base::kBlockN * kHeadDimQK * 2;  // 48 KiB
+  static constexpr int kVStageBytes = Base::kBlockN * kHeadDimV * 2;   // 32 KiB
   static constexpr int kColumnBlockValues = 64;                        // one 128-byte span
   // 65536 / 384 -> 168 registers per thread at launch; the producer keeps 40 (coordinates and
   // barrier addresses), the consumers take 232 (2 x 232 + 40 = 3 x 168).
