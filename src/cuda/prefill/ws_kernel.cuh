@@ -49,10 +49,14 @@ struct Traits : wgmma::Traits<In, 2, 128> {
   // barrier addresses), the consumers take 232 (2 x 232 + 40 = 3 x 168).
   static constexpr int kProducerRegisters = 40;
   static constexpr int kConsumerRegisters = 232;
+  // K and V of a stage have their own barriers: K is done with after S = Q K^T, V only after the
+  // next tile's S (P V runs one tile behind), so each is refilled as soon as it is free.
   struct Barriers {
-    uint64_t full[Base::kStages];   // the stage's tile has landed (producer + transaction bytes)
-    uint64_t empty[Base::kStages];  // every consumer warp is done with the stage's tile
-    uint64_t q_full;                // the Q tile has landed
+    uint64_t k_full[Base::kStages];   // the stage's K has landed (producer + transaction bytes)
+    uint64_t v_full[Base::kStages];   // the stage's V has landed
+    uint64_t k_empty[Base::kStages];  // every consumer warp is done with the stage's K
+    uint64_t v_empty[Base::kStages];  // ... with the stage's V
+    uint64_t q_full;                  // the Q tile has landed
   };
   static constexpr int kSmemBytes = Base::kSmemBytes + static_cast<int>(sizeof(Barriers));
   static_assert(kSmemBytes <= 227 * 1024, "one block must fit sm_90's 227 KiB opt-in limit");
@@ -95,8 +99,10 @@ __global__ void __launch_bounds__(T::kThreads, 1)
   auto bar = [](uint64_t& m) { return smem_address(&m); };
   if (threadIdx.x == 0) {
     for (int s = 0; s < kStages; ++s) {
-      mbarrier_init(bar(bars->full[s]), 1);                   // the producer
-      mbarrier_init(bar(bars->empty[s]), T::kConsumerWarps);  // lane 0 of every consumer warp
+      mbarrier_init(bar(bars->k_full[s]), 1);                   // the producer
+      mbarrier_init(bar(bars->v_full[s]), 1);                   // the producer
+      mbarrier_init(bar(bars->k_empty[s]), T::kConsumerWarps);  // lane 0 of every consumer warp
+      mbarrier_init(bar(bars->v_empty[s]), T::kConsumerWarps);
     }
     mbarrier_init(bar(bars->q_full), 1);
   }
@@ -113,22 +119,26 @@ __global__ void __launch_bounds__(T::kThreads, 1)
                   kb * T::kColumnBlockValues, head, static_cast<int>(r.q_begin + row0));
     }
     const uint32_t k_dst = smem_address(storage->k.data()), v_dst = smem_address(storage->v.data());
+    // K of tile t waits for S of tile t - kStages, V for P V of tile t - kStages.
     for (int t = 0; t < key_tiles; ++t) {
-      const int stage = t % kStages;
-      if (t >= kStages) mbarrier_wait(bar(bars->empty[stage]), ((t / kStages) - 1) & 1);
-      const uint32_t full = bar(bars->full[stage]);
-      mbarrier_arrive_expect_tx(full, T::kTileBytes);
-      const int key0 = static_cast<int>(r.k_begin) + t * kBlockN;
+      const int stage = t % kStages, key0 = static_cast<int>(r.k_begin) + t * kBlockN;
+      const uint32_t empty_parity = ((t / kStages) - 1) & 1;
+      if (t >= kStages) mbarrier_wait(bar(bars->k_empty[stage]), empty_parity);
+      const uint32_t k_full = bar(bars->k_full[stage]);
+      mbarrier_arrive_expect_tx(k_full, T::kKStageBytes);
       const uint32_t k_stage = k_dst + stage * T::kKStageBytes;
       for (int kb = 0; kb < kNope / T::kColumnBlockValues; ++kb) {
-        tma_load_3d(k_stage + kb * kBlockN * kSwizzleBytes, &k_nope_map, full,
+        tma_load_3d(k_stage + kb * kBlockN * kSwizzleBytes, &k_nope_map, k_full,
                     kb * T::kColumnBlockValues, head, key0);
       }
       tma_load_3d(k_stage + (kNope / T::kColumnBlockValues) * kBlockN * kSwizzleBytes, &k_pe_map,
-                  full, 0, 0, key0);
+                  k_full, 0, 0, key0);
+      if (t >= kStages) mbarrier_wait(bar(bars->v_empty[stage]), empty_parity);
+      const uint32_t v_full = bar(bars->v_full[stage]);
+      mbarrier_arrive_expect_tx(v_full, T::kVStageBytes);
       const uint32_t v_stage = v_dst + stage * T::kVStageBytes;
       for (int kb = 0; kb < kHeadDimV / T::kColumnBlockValues; ++kb) {
-        tma_load_3d(v_stage + kb * kBlockN * kSwizzleBytes, &v_map, full,
+        tma_load_3d(v_stage + kb * kBlockN * kSwizzleBytes, &v_map, v_full,
                     kb * T::kColumnBlockValues, head, key0);
       }
     }
@@ -169,9 +179,9 @@ __global__ void __launch_bounds__(T::kThreads, 1)
     fence_shared_for_wgmma();
     named_barrier_sync(1, T::kConsumerThreads);
   };
-  auto release_stage = [&](int stage) {  // this warp is done with the stage's K and V
+  auto release = [&](uint64_t& empty) {  // this warp is done with a stage's K or V
     __syncwarp();
-    if (lane == 0) mbarrier_arrive(bar(bars->empty[stage]));
+    if (lane == 0) mbarrier_arrive(bar(empty));
   };
   // Probabilities of tile t in S (raw scores on entry); rescale: O's factors (softmax_scores).
   auto tile_softmax = [&](int t, float(&rescale)[2]) {
@@ -188,9 +198,14 @@ __global__ void __launch_bounds__(T::kThreads, 1)
 #pragma unroll
     for (int i = 0; i < size(tOrP); ++i) tOrP(i) = static_cast<Element>(tSrS(i));
   };
-  auto wait_tile = [&](int t) {
+  auto wait_keys = [&](int t) {  // returns t's stage
     const int stage = t % kStages;
-    mbarrier_wait(bar(bars->full[stage]), (t / kStages) & 1);
+    mbarrier_wait(bar(bars->k_full[stage]), (t / kStages) & 1);
+    return stage;
+  };
+  auto wait_values = [&](int t) {
+    const int stage = t % kStages;
+    mbarrier_wait(bar(bars->v_full[stage]), (t / kStages) & 1);
     zero_values_past_request(t, stage);
     return stage;
   };
@@ -205,12 +220,13 @@ __global__ void __launch_bounds__(T::kThreads, 1)
     // Tile 0: S alone (O is still 0: no rescale).
     if (group == 1) pass_turn();
     mbarrier_wait(bar(bars->q_full), 0);
-    const int stage = wait_tile(0);
+    const int stage = wait_keys(0);
     wait_turn();
     warpgroup_gemm_issue(mma_qk, tSrQ, tSrK(_, _, _, stage), tSrS, false);
     pass_turn();
     warpgroup_wait<0>();
     warpgroup_fence_operand(tSrS);
+    release(bars->k_empty[stage]);
     float rescale[2];
     tile_softmax(0, rescale);
     scores_to_p();
@@ -220,32 +236,32 @@ __global__ void __launch_bounds__(T::kThreads, 1)
   // body has no branch around a wgmma or a wait (ptxas, unable to pair such branches,
   // serializes every wgmma of the kernel).
   for (int t = 1; t < key_tiles; ++t) {
-    const int previous = (t - 1) % kStages;
-    const int stage = wait_tile(t);
+    const int stage = wait_keys(t), previous = wait_values(t - 1);
     wait_turn();
     warpgroup_gemm_issue(mma_qk, tSrQ, tSrK(_, _, _, stage), tSrS, false);
     warpgroup_gemm_issue<true>(mma_pv, tOrP, tOrV(_, _, _, previous), tOrO, true);
     pass_turn();
     warpgroup_wait<1>();  // batches complete in order: S has landed, P V may still run
     warpgroup_fence_operand(tSrS);
+    release(bars->k_empty[stage]);
     float rescale[2];
     tile_softmax(t, rescale);
     warpgroup_wait<0>();  // tile t-1's P V has landed: O and P are free
     warpgroup_fence_operand(tOrO);
     warpgroup_fence_operand(tOrP);
-    release_stage(previous);
+    release(bars->v_empty[previous]);
     rescale_out<kOutTiles>(out, rescale);
     scores_to_p();
   }
   if (key_tiles > 0) {
-    const int last = (key_tiles - 1) % kStages;
+    const int last = wait_values(key_tiles - 1);
     wait_turn();
     warpgroup_gemm_issue<true>(mma_pv, tOrP, tOrV(_, _, _, last), tOrO, true);
     if (group == 0) pass_turn();  // group 1's last turn passes to no one: no arrival outlives us
     warpgroup_wait<0>();
     warpgroup_fence_operand(tOrO);
     warpgroup_fence_operand(tOrP);
-    release_stage(last);
+    release(bars->v_empty[last]);
   }
   store_rows<Out, kOutTiles>(p, r, head, thread_row, lane, rows, out);
 }
