@@ -259,6 +259,44 @@ TEST(CudaPrefill, TileBoundaries) {
   }
 }
 
+// A NaN in one request's keys and values (key 5 of request 1, inside request 0's last 64-key
+// tile, which the kernels read whole) leaves the other requests' rows exact: masked scores and
+// zeroed value rows, not P = 0 times NaN.
+TEST(CudaPrefill, NanValuesOfOneRequestStayInIt) {
+  MLAKIT_SKIP_WITHOUT_GPU();
+  auto rng = test::make_rng(62);
+  for (bool causal : {true, false}) {
+    Case c;
+    c.causal = causal;
+    c.sq = {70, 90, 50};
+    c.sk = {100, 130, 60};
+    SCOPED_TRACE(describe(c));
+    Inputs in = make_inputs(rng, c);
+    const int64_t poisoned = c.sk[0] + 5, row_width = kNope + kDv;  // kv_buf is [S, N, 256]
+    for (int64_t i = 0; i < c.heads * row_width; ++i) {
+      store_float(in.kv_buf.view().data, c.dtype, poisoned * c.heads * row_width + i, NAN);
+    }
+    const Expected e = reference_prefill(in);
+    const std::vector<int64_t> cu_q = offsets_of(c.sq);
+    for (const auto& [backend, o] : {std::pair{"cuda", run_cuda(in)}, {"cpu", run_cpu(in)}}) {
+      for (size_t b : {size_t{0}, size_t{2}}) {
+        const int64_t q0 = cu_q[b], sq = c.sq[b];
+        const std::vector<double> want(e.out.begin() + q0 * c.heads * kDv,
+                                       e.out.begin() + (q0 + sq) * c.heads * kDv);
+        EXPECT_TRUE(test::all_close(o.out().narrow(0, q0, sq), want, case_tolerance(c)))
+            << backend << ", request " << b;
+        for (int64_t h = 0; h < c.heads; ++h) {
+          const std::vector<double> want_lse(e.lse.begin() + h * in.tokens + q0,
+                                             e.lse.begin() + h * in.tokens + q0 + sq);
+          EXPECT_TRUE(test::all_close(o.lse.view().narrow(0, h, 1).narrow(1, q0, sq), want_lse,
+                                      kLseTolerance))
+              << backend << ", request " << b << " head " << h;
+        }
+      }
+    }
+  }
+}
+
 TEST(CudaPrefill, SixteenAndOneHundredTwentyEightHeads) {
   MLAKIT_SKIP_WITHOUT_GPU();
   auto rng = test::make_rng(62);

@@ -19,12 +19,13 @@ __device__ __forceinline__ void fence_shared_for_wgmma() {
   asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
 }
 
-// C = A B (accumulate: C += A B) over every k-block of the fragments, as one wgmma batch of the
-// warpgroup; returns when the results are in C's registers. kARegisters: A is a register
-// fragment (its registers are fenced too), else shared-memory descriptors.
+// Issues C = A B (accumulate: C += A B) over every k-block of the fragments as one wgmma batch of
+// the warpgroup, and returns at once: C's registers (and A's, when kARegisters: A is a register
+// fragment, else shared-memory descriptors) belong to the MMAs until a warpgroup_wait that
+// covers this batch, followed by warpgroup_fence_operand on them.
 template <bool kARegisters = false, class TiledMma, class FragA, class FragB, class FragC>
-__device__ __forceinline__ void warpgroup_gemm(TiledMma& mma, FragA& a, const FragB& b, FragC& c,
-                                               bool accumulate) {
+__device__ __forceinline__ void warpgroup_gemm_issue(TiledMma& mma, FragA& a, const FragB& b,
+                                                     FragC& c, bool accumulate) {
   using namespace cute;
   if constexpr (kARegisters) warpgroup_fence_operand(a);
   warpgroup_fence_operand(c);
@@ -36,6 +37,14 @@ __device__ __forceinline__ void warpgroup_gemm(TiledMma& mma, FragA& a, const Fr
     mma.accumulate_ = GMMA::ScaleOut::One;
   }
   warpgroup_commit_batch();
+}
+
+// warpgroup_gemm_issue, then waits: returns when the results are in C's registers.
+template <bool kARegisters = false, class TiledMma, class FragA, class FragB, class FragC>
+__device__ __forceinline__ void warpgroup_gemm(TiledMma& mma, FragA& a, const FragB& b, FragC& c,
+                                               bool accumulate) {
+  using namespace cute;
+  warpgroup_gemm_issue<kARegisters>(mma, a, b, c, accumulate);
   warpgroup_wait<0>();
   warpgroup_fence_operand(c);
   if constexpr (kARegisters) warpgroup_fence_operand(a);

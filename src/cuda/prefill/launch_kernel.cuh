@@ -1,18 +1,22 @@
 // Grid, shared-memory attribute and launch of the prefill kernels for one input type; included
 // only by instantiations/<dtype>.cu (one translation unit per input type builds in parallel).
-// 16-byte aligned rows with contiguous dims (PrefillParams::vector_loads) run the wgmma kernel;
-// any other layout runs the mma.sync kernel, which also takes element-strided rows.
+// 16-byte aligned rows with contiguous dims (PrefillParams::vector_loads) run the warp-specialized
+// TMA kernel when TMA can describe every tensor, else the wgmma kernel; any other layout runs the
+// mma.sync kernel, which also takes element-strided rows.
 #pragma once
 
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <optional>
 
 #include "cuda/common/dispatch.cuh"
 #include "cuda/common/runtime.hpp"
+#include "cuda/common/tensor_map.hpp"
 #include "cuda/prefill/entry.cuh"
 #include "cuda/prefill/kernel.cuh"
 #include "cuda/prefill/wgmma_kernel.cuh"
+#include "cuda/prefill/ws_kernel.cuh"
 
 namespace mlakit::cuda::prefill {
 
@@ -31,12 +35,62 @@ void launch(Kernel kernel, const PrefillParams& p, int64_t heads, int block_rows
   check_launch(kPrefillOp, "prefill_kernel");
 }
 
+// The warp-specialized kernel's four TMA maps (ws_kernel.cuh): q [T, N, 192] in boxes of 64 dims x
+// 1 head x 128 tokens, k_nope and v [S, N, 128] and k_pe [S, 64] (as [S, 1, 64]) in boxes of 64
+// dims x 128 keys (ws::Traits' kBlockM / kBlockN), all 128-byte swizzled (the wgmma operand
+// layout). nullopt when a tensor is empty or the driver refuses a description (strides that are not
+// multiples of 16 bytes, say).
+struct PrefillTensorMaps {
+  CUtensorMap q, k_nope, k_pe, v;
+};
+
+inline std::optional<PrefillTensorMaps> make_prefill_tensor_maps(const PrefillParams& p,
+                                                                 int64_t heads) {
+  if (p.tokens <= 0 || p.keys <= 0 || heads <= 0) return std::nullopt;
+  constexpr cuuint64_t kBytes = 2;                          // 16-bit q / k / v values
+  constexpr cuuint32_t kBoxValues = 64;                     // one 128-byte swizzle span
+  constexpr cuuint32_t kQRows = ws::Traits<BF16>::kBlockM;  // the same for f16
+  constexpr cuuint32_t kKeys = ws::Traits<BF16>::kBlockN;
+  const auto n = static_cast<cuuint64_t>(heads);
+  auto map3 = [](const void* base, cuuint64_t width, cuuint64_t mid, cuuint64_t rows,
+                 cuuint64_t mid_stride, cuuint64_t row_stride, cuuint32_t box_rows) {
+    const cuuint64_t dims[3] = {width, mid, rows};
+    const cuuint64_t strides[2] = {mid_stride * kBytes, row_stride * kBytes};
+    const cuuint32_t box[3] = {kBoxValues, 1, box_rows};
+    CUtensorMap map;
+    return encode_tiled_tensor_map(kPrefillOp, map, CU_TENSOR_MAP_DATA_TYPE_UINT16, 3, base, dims,
+                                   strides, box, CU_TENSOR_MAP_SWIZZLE_128B) == CUDA_SUCCESS
+               ? std::optional<CUtensorMap>(map)
+               : std::nullopt;
+  };
+  const auto tokens = static_cast<cuuint64_t>(p.tokens), keys = static_cast<cuuint64_t>(p.keys);
+  const auto q = map3(p.q, kHeadDimQK, n, tokens, p.q_stride[1], p.q_stride[0], kQRows);
+  const auto k_nope = map3(p.k_nope, kNope, n, keys, p.k_nope_stride[1], p.k_nope_stride[0], kKeys);
+  const auto k_pe = map3(p.k_pe, kRope, 1, keys, p.k_pe_stride[0], p.k_pe_stride[0], kKeys);
+  const auto v = map3(p.v, kHeadDimV, n, keys, p.v_stride[1], p.v_stride[0], kKeys);
+  if (!q || !k_nope || !k_pe || !v) return std::nullopt;
+  return PrefillTensorMaps{*q, *k_nope, *k_pe, *v};
+}
+
 template <class In>
 void launch_prefill_kernel(const PrefillParams& p, int64_t heads, DType out_dtype,
                            cudaStream_t stream) {
   dispatch_float(kPrefillOp, out_dtype, [&](auto out_type) {
     using Out = decltype(out_type);
-    if (p.vector_loads) {
+    const std::optional<PrefillTensorMaps> maps =
+        p.vector_loads ? make_prefill_tensor_maps(p, heads) : std::nullopt;
+    if (maps) {
+      using W = ws::Traits<In>;
+      const auto kernel = ws::prefill_ws_kernel<In, Out>;
+      const int64_t query_tiles =
+          std::max<int64_t>(1, (p.max_seqlen_q + W::kBlockM - 1) / W::kBlockM);
+      const dim3 grid(static_cast<unsigned>(query_tiles), static_cast<unsigned>(heads),
+                      static_cast<unsigned>(p.batch + 1));
+      set_max_dynamic_smem(reinterpret_cast<const void*>(kernel), W::kSmemBytes, kPrefillOp);
+      kernel<<<grid, W::kThreads, W::kSmemBytes, stream>>>(p, maps->q, maps->k_nope, maps->k_pe,
+                                                           maps->v);
+      check_launch(kPrefillOp, "prefill_ws_kernel");
+    } else if (p.vector_loads) {
       using W = wgmma::Traits<In>;
       launch(wgmma::prefill_kernel<In, Out>, p, heads, W::kBlockM, W::kThreads, W::kSmemBytes,
              stream);

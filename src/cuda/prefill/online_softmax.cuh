@@ -23,13 +23,14 @@ struct RowState {
   float sum[2] = {0.0f, 0.0f};
 };
 
-// Online softmax of one key tile of kScoreTiles n8 tiles. score: raw Q K^T; on return,
-// probabilities 2^(score * scale_log2 - row max). key_limit[h]: keys of the tile (counted from its
-// first) row h sees; masking only when `masked`. The kOutTiles tiles of O are rescaled.
-template <int kScoreTiles, int kOutTiles, class ScoreAt, class OutAt>
-__device__ __forceinline__ void softmax_tile(ScoreAt&& score, float scale_log2, bool masked,
-                                             const int (&key_limit)[2], int lane, RowState& rows,
-                                             OutAt&& out) {
+// Online softmax of one key tile of kScoreTiles n8 tiles, O left alone. score: raw Q K^T; on
+// return, probabilities 2^(score * scale_log2 - row max). key_limit[h]: keys of the tile (counted
+// from its first) row h sees; masking only when `masked`. rescale[h]: the factor O's row h must be
+// multiplied by (rescale_out) before this tile's P V is added.
+template <int kScoreTiles, class ScoreAt>
+__device__ __forceinline__ void softmax_scores(ScoreAt&& score, float scale_log2, bool masked,
+                                               const int (&key_limit)[2], int lane, RowState& rows,
+                                               float (&rescale)[2]) {
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     float tile_max = -INFINITY;
@@ -46,7 +47,7 @@ __device__ __forceinline__ void softmax_tile(ScoreAt&& score, float scale_log2, 
     const float new_max = fmaxf(rows.max[h], quad_max(tile_max));
     // A row that has seen only masked keys keeps max -inf; subtracting 0 then gives 2^-inf = 0.
     const float base = new_max == -INFINITY ? 0.0f : new_max;
-    const float rescale = exp2f(rows.max[h] - base);  // 0 on the first tile (-inf - base)
+    rescale[h] = exp2f(rows.max[h] - base);  // 0 on the first tile (-inf - base)
     rows.max[h] = new_max;
     float sum = 0.0f;
 #pragma unroll
@@ -58,13 +59,31 @@ __device__ __forceinline__ void softmax_tile(ScoreAt&& score, float scale_log2, 
         sum += prob;
       }
     }
-    rows.sum[h] = rows.sum[h] * rescale + sum;  // per-lane partial; the quad sums at the end
+    rows.sum[h] = rows.sum[h] * rescale[h] + sum;  // per-lane partial; the quad sums at the end
+  }
+}
+
+// Multiplies the kOutTiles tiles of O's rows h by rescale[h] (softmax_scores).
+template <int kOutTiles, class OutAt>
+__device__ __forceinline__ void rescale_out(OutAt&& out, const float (&rescale)[2]) {
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
 #pragma unroll
     for (int j = 0; j < kOutTiles; ++j) {
-      out(j, 2 * h) *= rescale;
-      out(j, 2 * h + 1) *= rescale;
+      out(j, 2 * h) *= rescale[h];
+      out(j, 2 * h + 1) *= rescale[h];
     }
   }
+}
+
+// softmax_scores, then O rescaled at once: for kernels whose P V of the previous tile is done.
+template <int kScoreTiles, int kOutTiles, class ScoreAt, class OutAt>
+__device__ __forceinline__ void softmax_tile(ScoreAt&& score, float scale_log2, bool masked,
+                                             const int (&key_limit)[2], int lane, RowState& rows,
+                                             OutAt&& out) {
+  float rescale[2];
+  softmax_scores<kScoreTiles>(score, scale_log2, masked, key_limit, lane, rows, rescale);
+  rescale_out<kOutTiles>(out, rescale);
 }
 
 // Normalizes O, converts it to out's dtype and writes the thread's rows (request rows `row` and

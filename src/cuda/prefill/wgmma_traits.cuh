@@ -20,15 +20,16 @@ using namespace cute;
 // kWarpGroups_: query rows of a block in units of one wgmma M of 64 rows (one warpgroup each).
 // More rows share each K / V tile (less L2 traffic per FLOP) but take shared memory from the
 // copy pipeline and registers from every thread (65536 / (128 * warpgroups) per thread).
-template <class In, int kWarpGroups_ = 3>
+// kBlockN_: keys per tile. 64 (K 24 KiB + V 16 KiB): small tiles leave shared memory for several
+// stages, so copies run ahead of the tile being computed (the copying threads' kernel). 128: half
+// the per-tile work of the softmax (row maxima, O rescaled once per tile) per key.
+template <class In, int kWarpGroups_ = 3, int kBlockN_ = 64>
 struct Traits {
   using Element = CuteHalf<std::is_same_v<In, BF16>>;
   static constexpr int kWarpGroups = kWarpGroups_;
   static constexpr int kBlockM = 64 * kWarpGroups;
   static constexpr int kThreads = 128 * kWarpGroups;  // 128 threads per warpgroup
-  // Keys per tile: 64 (K 24 KiB + V 16 KiB): small tiles leave shared memory for several
-  // stages, so copies run ahead of the tile being computed.
-  static constexpr int kBlockN = 64;
+  static constexpr int kBlockN = kBlockN_;
   static constexpr int kTileBytes = kBlockN * (kHeadDimQK + kHeadDimV) * 2;
   static constexpr int kQBytes = kBlockM * kHeadDimQK * 2;
   // K/V tiles in shared memory: as many as fit beside Q (227 KiB opt-in limit, 1 KiB for the
