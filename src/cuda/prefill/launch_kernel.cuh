@@ -1,8 +1,8 @@
 // Grid, shared-memory attribute and launch of the prefill kernels for one input type; included
 // only by instantiations/<dtype>.cu (one translation unit per input type builds in parallel).
 // 16-byte aligned rows with contiguous dims (PrefillParams::vector_loads) run the warp-specialized
-// TMA kernel when TMA can describe every tensor, else the wgmma kernel; any other layout runs the
-// mma.sync kernel, which also takes element-strided rows.
+// TMA kernel when TMA can describe every tensor; any other layout runs the mma.sync kernel, which
+// also takes element-strided rows.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -15,7 +15,6 @@
 #include "cuda/common/tensor_map.hpp"
 #include "cuda/prefill/entry.cuh"
 #include "cuda/prefill/kernel.cuh"
-#include "cuda/prefill/wgmma_kernel.cuh"
 #include "cuda/prefill/ws_kernel.cuh"
 
 namespace mlakit::cuda::prefill {
@@ -23,16 +22,17 @@ namespace mlakit::cuda::prefill {
 // Grid: x = query tiles of the longest request, y = heads, z = requests + 1 (the last z writes
 // the rows past the last request). Blocks past their request's length exit at once; no host
 // knowledge of the lengths is needed.
-template <class Kernel>
-void launch(Kernel kernel, const PrefillParams& p, int64_t heads, int block_rows, int threads,
-            int smem_bytes, cudaStream_t stream) {
+// `extra`: the kernel's arguments after p.
+template <class Kernel, class... Extra>
+void launch(Kernel kernel, const char* name, const PrefillParams& p, int64_t heads, int block_rows,
+            int threads, int smem_bytes, cudaStream_t stream, const Extra&... extra) {
   const int64_t query_tiles = std::max<int64_t>(1, (p.max_seqlen_q + block_rows - 1) / block_rows);
   const dim3 grid(static_cast<unsigned>(query_tiles), static_cast<unsigned>(heads),
                   static_cast<unsigned>(p.batch + 1));
   // Above 48 KiB a block needs the opt-in limit (not a stream operation: graph-capture safe).
   set_max_dynamic_smem(reinterpret_cast<const void*>(kernel), smem_bytes, kPrefillOp);
-  kernel<<<grid, threads, smem_bytes, stream>>>(p);
-  check_launch(kPrefillOp, "prefill_kernel");
+  kernel<<<grid, threads, smem_bytes, stream>>>(p, extra...);
+  check_launch(kPrefillOp, name);
 }
 
 // The warp-specialized kernel's four TMA maps (ws_kernel.cuh): q [T, N, 192] in boxes of 64 dims x
@@ -81,21 +81,10 @@ void launch_prefill_kernel(const PrefillParams& p, int64_t heads, DType out_dtyp
         p.vector_loads ? make_prefill_tensor_maps(p, heads) : std::nullopt;
     if (maps) {
       using W = ws::Traits<In>;
-      const auto kernel = ws::prefill_ws_kernel<In, Out>;
-      const int64_t query_tiles =
-          std::max<int64_t>(1, (p.max_seqlen_q + W::kBlockM - 1) / W::kBlockM);
-      const dim3 grid(static_cast<unsigned>(query_tiles), static_cast<unsigned>(heads),
-                      static_cast<unsigned>(p.batch + 1));
-      set_max_dynamic_smem(reinterpret_cast<const void*>(kernel), W::kSmemBytes, kPrefillOp);
-      kernel<<<grid, W::kThreads, W::kSmemBytes, stream>>>(p, maps->q, maps->k_nope, maps->k_pe,
-                                                           maps->v);
-      check_launch(kPrefillOp, "prefill_ws_kernel");
-    } else if (p.vector_loads) {
-      using W = wgmma::Traits<In>;
-      launch(wgmma::prefill_kernel<In, Out>, p, heads, W::kBlockM, W::kThreads, W::kSmemBytes,
-             stream);
+      launch(ws::prefill_ws_kernel<In, Out>, "prefill_ws_kernel", p, heads, W::kBlockM, W::kThreads,
+             W::kSmemBytes, stream, maps->q, maps->k_nope, maps->k_pe, maps->v);
     } else {
-      launch(prefill_kernel<In, Out>, p, heads, kBlockM, kThreads,
+      launch(prefill_kernel<In, Out>, "prefill_kernel", p, heads, kBlockM, kThreads,
              static_cast<int>(sizeof(SharedStorage)), stream);
     }
   });

@@ -1,5 +1,6 @@
-// Compile-time shape of the wgmma prefill kernel (sm_90a): tiles, the CuTe MMAs and the
-// shared-memory layouts the warpgroup MMAs read through their descriptors.
+// Compile-time shape of the consumers of the warp-specialized prefill kernel (sm_90a,
+// ws_kernel.cuh): tiles, the CuTe MMAs and the shared-memory layouts the warpgroup MMAs read
+// through their descriptors.
 #pragma once
 
 #include <cutlass/numeric_types.h>
@@ -19,11 +20,10 @@ using namespace cute;
 
 // kWarpGroups_: query rows of a block in units of one wgmma M of 64 rows (one warpgroup each).
 // More rows share each K / V tile (less L2 traffic per FLOP) but take shared memory from the
-// copy pipeline and registers from every thread (65536 / (128 * warpgroups) per thread).
-// kBlockN_: keys per tile. 64 (K 24 KiB + V 16 KiB): small tiles leave shared memory for several
-// stages, so copies run ahead of the tile being computed (the copying threads' kernel). 128: half
-// the per-tile work of the softmax (row maxima, O rescaled once per tile) per key.
-template <class In, int kWarpGroups_ = 3, int kBlockN_ = 64>
+// copy pipeline and registers from every thread. kBlockN_: keys per tile; larger tiles halve the
+// per-key part of the softmax that runs once per tile (row maxima, O rescaled) but leave room
+// for fewer stages (docs/perf-notes.md, "Prefill: warp specialization").
+template <class In, int kWarpGroups_, int kBlockN_>
 struct Traits {
   using Element = CuteHalf<std::is_same_v<In, BF16>>;
   static constexpr int kWarpGroups = kWarpGroups_;

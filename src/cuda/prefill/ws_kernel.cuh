@@ -26,7 +26,6 @@
 #include "cuda/prefill/online_softmax.cuh"
 #include "cuda/prefill/params.cuh"
 #include "cuda/prefill/request.cuh"
-#include "cuda/prefill/wgmma_kernel.cuh"
 #include "cuda/prefill/wgmma_traits.cuh"
 
 namespace mlakit::cuda::prefill::ws {
