@@ -1,5 +1,5 @@
 // Device code of the warp-specialized prefill kernel (sm_90a; docs/kernels/prefill_sm90.md,
-// "The warp-specialized kernel"). EXPERIMENT (branch exp/prefill-ws): not yet run on a GPU.
+// "The warp-specialized kernel").
 //
 // Block = (128 query rows, head, request), three warpgroups:
 //   producer   (threads 0-127, 40 registers) its first thread issues every copy by TMA: the Q
