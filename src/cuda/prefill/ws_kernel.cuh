@@ -25,6 +25,7 @@
 #include "cuda/common/tma.cuh"
 #include "cuda/prefill/online_softmax.cuh"
 #include "cuda/prefill/params.cuh"
+#include "cuda/prefill/ptx.cuh"
 #include "cuda/prefill/request.cuh"
 #include "cuda/prefill/wgmma_traits.cuh"
 
