@@ -112,12 +112,21 @@ __global__ void __launch_bounds__(T::kThreads, 1)
   if (threadIdx.x < 128) {  // the producer warpgroup
     warpgroup_release_registers<T::kProducerRegisters>();
     if (threadIdx.x != 0 || key_tiles == 0) return;
-    const uint32_t q_dst = smem_address(storage->q.data());
+    // `blocks` boxes of 64 columns x `rows` rows (of `head`, from `row`), one after the other at
+    // dst: the swizzled column blocks of a tile, each rows x 128 bytes.
+    auto load_column_blocks = [&](uint32_t dst, const CUtensorMap& map, uint32_t full, int blocks,
+                                  int rows, int head_coord, int row) {
+      for (int kb = 0; kb < blocks; ++kb) {
+        tma_load_3d(dst + kb * rows * kSwizzleBytes, &map, full, kb * T::kColumnBlockValues,
+                    head_coord, row);
+      }
+    };
+    constexpr int kBlocksQ = kHeadDimQK / T::kColumnBlockValues;  // 3
+    constexpr int kBlocksNope = kNope / T::kColumnBlockValues;    // 2
+    constexpr int kBlocksV = kHeadDimV / T::kColumnBlockValues;   // 2
     mbarrier_arrive_expect_tx(bar(bars->q_full), T::kQBytes);
-    for (int kb = 0; kb < kHeadDimQK / T::kColumnBlockValues; ++kb) {
-      tma_load_3d(q_dst + kb * kBlockM * kSwizzleBytes, &q_map, bar(bars->q_full),
-                  kb * T::kColumnBlockValues, head, static_cast<int>(r.q_begin + row0));
-    }
+    load_column_blocks(smem_address(storage->q.data()), q_map, bar(bars->q_full), kBlocksQ, kBlockM,
+                       head, static_cast<int>(r.q_begin + row0));
     const uint32_t k_dst = smem_address(storage->k.data()), v_dst = smem_address(storage->v.data());
     // K of tile t waits for S of tile t - kStages, V for P V of tile t - kStages.
     for (int t = 0; t < key_tiles; ++t) {
@@ -127,20 +136,15 @@ __global__ void __launch_bounds__(T::kThreads, 1)
       const uint32_t k_full = bar(bars->k_full[stage]);
       mbarrier_arrive_expect_tx(k_full, T::kKStageBytes);
       const uint32_t k_stage = k_dst + stage * T::kKStageBytes;
-      for (int kb = 0; kb < kNope / T::kColumnBlockValues; ++kb) {
-        tma_load_3d(k_stage + kb * kBlockN * kSwizzleBytes, &k_nope_map, k_full,
-                    kb * T::kColumnBlockValues, head, key0);
-      }
-      tma_load_3d(k_stage + (kNope / T::kColumnBlockValues) * kBlockN * kSwizzleBytes, &k_pe_map,
-                  k_full, 0, 0, key0);
+      load_column_blocks(k_stage, k_nope_map, k_full, kBlocksNope, kBlockN, head, key0);
+      // k_pe, shared by the heads, after k_nope's column blocks.
+      load_column_blocks(k_stage + kBlocksNope * kBlockN * kSwizzleBytes, k_pe_map, k_full, 1,
+                         kBlockN, 0, key0);
       if (t >= kStages) mbarrier_wait(bar(bars->v_empty[stage]), empty_parity);
       const uint32_t v_full = bar(bars->v_full[stage]);
       mbarrier_arrive_expect_tx(v_full, T::kVStageBytes);
-      const uint32_t v_stage = v_dst + stage * T::kVStageBytes;
-      for (int kb = 0; kb < kHeadDimV / T::kColumnBlockValues; ++kb) {
-        tma_load_3d(v_stage + kb * kBlockN * kSwizzleBytes, &v_map, v_full,
-                    kb * T::kColumnBlockValues, head, key0);
-      }
+      load_column_blocks(v_dst + stage * T::kVStageBytes, v_map, v_full, kBlocksV, kBlockN, head,
+                         key0);
     }
     return;
   }
