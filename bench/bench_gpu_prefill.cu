@@ -2,7 +2,10 @@
 // PERF.md prefill shapes, beside the bf16 GEMM ceiling measured in the same run (cuBLAS 8192^3).
 // Prints ms, TF/s and % of the ceiling. FLOPs counted as useful work: causal
 // 2 * B * H * L(L+1)/2 * (192 + 128); non-causal 2 * B * H * Lq * Lk * (192 + 128).
-// Usage: bench_gpu_prefill   (runs in well under 3 minutes on an H200)
+// Usage: bench_gpu_prefill [--json PATH] [--commit HASH]   (well under 3 minutes on an H200)
+//   --json    also write the rows as JSON to PATH: a list of {shape, out, ms, tflops,
+//             ceiling_tflops, commit}
+//   --commit  the commit the rows are recorded against (default: $MLAKIT_COMMIT, else "unknown")
 #include <cublas_v2.h>
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -12,6 +15,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <optional>
+#include <string>
 #include <vector>
 
 #include "cuda/common/device_errors.hpp"
@@ -95,7 +99,8 @@ struct Shape {
   DType out_dtype;  // f32 + lse for context chunks (the orchestrator merges them)
 };
 
-void run_shape(const Shape& s, double ceiling) {
+// Times one shape and prints its row; returns the row as a JSON object.
+std::string run_shape(const Shape& s, double ceiling, const std::string& commit) {
   const int64_t t = s.batch * s.sq, keys = s.batch * s.sk, n = s.heads;
   Tensor q = Tensor::empty({t, n, kNope + kRope}, DType::kBF16, Device::cuda(0));
   Tensor kv = Tensor::empty({keys, n, kNope + kDv}, DType::kBF16, Device::cuda(0));  // kv_b_proj
@@ -129,15 +134,34 @@ void run_shape(const Shape& s, double ceiling) {
       s.causal ? static_cast<double>(s.sq) * (s.sq + 1) / 2.0 : static_cast<double>(s.sq) * s.sk;
   const double flops = 2.0 * s.batch * n * pairs * (kNope + kRope + kDv);
   const double tflops = flops / (ms * 1e-3) / 1e12;
+  const std::string shape = mlakit::bench::format(
+      "H=%ld B=%ld sq=%ld sk=%ld %s", static_cast<long>(n), static_cast<long>(s.batch),
+      static_cast<long>(s.sq), static_cast<long>(s.sk), s.causal ? "causal" : "non-causal");
   std::printf("H=%-4ld B=%-2ld sq=%-6ld sk=%-6ld %-10s out %-4s  %9.3f ms  %7.1f TF/s  %5.1f %%\n",
               static_cast<long>(n), static_cast<long>(s.batch), static_cast<long>(s.sq),
               static_cast<long>(s.sk), s.causal ? "causal" : "non-causal",
               mlakit::dtype_name(s.out_dtype), ms, tflops, 100.0 * tflops / ceiling);
+  return mlakit::bench::format(
+      "{\"shape\": \"%s\", \"out\": \"%s\", \"ms\": %.4f, \"tflops\": %.1f, "
+      "\"ceiling_tflops\": %.1f, \"commit\": \"%s\"}",
+      shape.c_str(), mlakit::dtype_name(s.out_dtype), ms, tflops, ceiling, commit.c_str());
 }
 
 }  // namespace
 
-int main() {
+int main(int argc, char** argv) {
+  std::string json_path;
+  const char* env_commit = std::getenv("MLAKIT_COMMIT");
+  std::string commit = env_commit != nullptr ? env_commit : "unknown";
+  for (int i = 1; i < argc; ++i) {
+    const std::string arg = argv[i];
+    if ((arg == "--json" || arg == "--commit") && i + 1 < argc) {
+      (arg == "--json" ? json_path : commit) = argv[++i];
+    } else {
+      std::fprintf(stderr, "usage: bench_gpu_prefill [--json PATH] [--commit HASH]\n");
+      return 2;
+    }
+  }
   int count = 0;
   if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
     std::printf("no CUDA device: nothing to measure\n");
@@ -153,6 +177,8 @@ int main() {
       {16, 1, 16384, 16384, true, DType::kBF16}, {16, 8, 4096, 4096, true, DType::kBF16},
       {128, 1, 4096, 16384, false, DType::kF32},  // context chunk: 4096 queries x 16384 keys
   };
-  for (const Shape& s : shapes) run_shape(s, ceiling);
+  std::vector<std::string> rows;
+  for (const Shape& s : shapes) rows.push_back(run_shape(s, ceiling, commit));
+  if (!json_path.empty()) mlakit::bench::write_json_rows(json_path, "bench_gpu_prefill", rows);
   return 0;
 }

@@ -144,11 +144,11 @@ if [ -e "${benches[0]}" ]; then
       continue
     fi
     json=()  # benches that write machine-readable rows
-    # bench_gpu_decode's and bench_gpu_dcp's rows also name the commit the programs were built from
+    # bench_gpu_decode's, bench_gpu_dcp's and bench_gpu_prefill's rows also name the commit the programs were built from
     # (collect.sh): the device copy of the tree has no .git.
     case "$name" in
       bench_gpu_forward) json=(--json "$OUT/$name.json") ;;
-      bench_gpu_decode | bench_gpu_dcp)
+      bench_gpu_decode | bench_gpu_dcp | bench_gpu_prefill)
         json=(--json "$OUT/$name.json" --commit "$(cat .devbin/COMMIT 2>/dev/null || echo unknown)")
         ;;
     esac
