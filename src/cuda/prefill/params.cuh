@@ -33,7 +33,7 @@ struct PrefillParams {
   int batch;             // B (blockIdx.z == B writes the rows past the last request)
   float scale_log2;      // softmax scale * log2(e): scores are kept in log2 units (exp2 is cheap)
   bool causal;           // bottom-right causal mask
-  bool vector_loads;     // every row start 16-byte aligned, dims contiguous: cp.async of 16 bytes
+  bool vector_loads;     // rows 16-byte aligned, dims contiguous: TMA, or 16-byte cp.async
 };
 
 }  // namespace mlakit::cuda::prefill

@@ -52,7 +52,7 @@ struct Traits {
       AtomLayout{}));
 
   // 8 rows x 64 elements (128 bytes) with the 128-byte swizzle: conflict-free for the wgmma
-  // operand reads and for 16-byte cp.async writes.
+  // operand reads, and what TMA writes with CU_TENSOR_MAP_SWIZZLE_128B.
   using SmemAtom = GMMA::Layout_K_SW128_Atom<Element>;
   using SmemLayoutQ = decltype(tile_to_shape(SmemAtom{}, Shape<Int<kBlockM>, Int<kHeadDimQK>>{}));
   using SmemLayoutK =

@@ -33,7 +33,7 @@ namespace mlakit::cuda::prefill::ws {
 
 using namespace cute;
 
-// The consumers' MMAs, layouts and shared storage are the wgmma kernel's with 2 warpgroups (128
+// The consumers' MMAs, layouts and shared storage come from wgmma::Traits with 2 warpgroups (128
 // rows) and 128-key tiles (2 stages of K/V fit beside Q; the producer needs no deeper ring, since
 // TMA keeps no thread waiting); one producer warpgroup more.
 template <class In>
