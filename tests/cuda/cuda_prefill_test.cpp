@@ -246,7 +246,8 @@ TEST(CudaPrefill, RandomVarlenBatchesMatchReferenceAndCpu) {
 
 TEST(CudaPrefill, TileBoundaries) {
   // Lengths at and around the tiles of both kernels (64 rows / 64 keys for mma.sync, 128 / 128 for
-  // wgmma): queries 1, 63, 64, 65, 127, 128, 129, 255, 257; keys equal, one short, one past.
+  // the warp-specialized one): queries 1, 63, 64, 65, 127, 128, 129, 255, 257; keys equal, one
+  // short, one past.
   MLAKIT_SKIP_WITHOUT_GPU();
   auto rng = test::make_rng(61);
   for (bool causal : {true, false}) {
@@ -259,9 +260,9 @@ TEST(CudaPrefill, TileBoundaries) {
   }
 }
 
-// A NaN in one request's keys and values (key 5 of request 1, inside request 0's last 64-key
-// tile, which the kernels read whole) leaves the other requests' rows exact: masked scores and
-// zeroed value rows, not P = 0 times NaN.
+// A NaN in one request's keys and values (key 5 of request 1, inside request 0's last key tile
+// of 64 (mma.sync) or 128 (warp-specialized) keys, which the kernels read whole) leaves the other
+// requests' rows exact: masked scores and zeroed value rows, not P = 0 times NaN.
 TEST(CudaPrefill, NanValuesOfOneRequestStayInIt) {
   MLAKIT_SKIP_WITHOUT_GPU();
   auto rng = test::make_rng(62);
