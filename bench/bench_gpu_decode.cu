@@ -405,14 +405,30 @@ bool label_selected(const std::string& label, const std::string& only) {
 //             TEXT may list several, separated by ';' (a row runs when it contains any of them)
 //   --parts   N parts per row tile (1..256) instead of the library's plan (a schedule experiment:
 //             the rows' "parts" column shows it)
+//   --case    B,s_kv,h_q,s_q: run this uniform bf16 shape instead of the table (repeatable; e.g. an
+//             s_kv sweep that separates a decode's per-tile time from its fixed cost)
 int main(int argc, char** argv) {
   std::string json_path, only, parts_text = "0";
+  std::vector<Case> custom_cases;
   const char* env_commit = std::getenv("MLAKIT_COMMIT");
   std::string commit = env_commit != nullptr ? env_commit : "unknown";
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
-    if ((arg == "--json" || arg == "--commit" || arg == "--only" || arg == "--parts") &&
-        i + 1 < argc) {
+    if (arg == "--case" && i + 1 < argc) {
+      long b = 0, s_kv = 0, heads = 0, s_q = 0;
+      char tail = 0;
+      if (std::sscanf(argv[++i], "%ld,%ld,%ld,%ld%c", &b, &s_kv, &heads, &s_q, &tail) != 4 ||
+          b < 1 || b > 4096 || s_kv < s_q || s_kv > (1L << 20) || heads < 1 || heads > 128 ||
+          s_q < 1 || s_q > 16) {
+        std::fprintf(stderr,
+                     "bench_gpu_decode: --case takes B,s_kv,h_q,s_q with B in [1, 4096], s_q in "
+                     "[1, 16], s_kv in [s_q, 2^20], h_q in [1, 128]; got %s\n",
+                     argv[i]);
+        return 2;
+      }
+      custom_cases.push_back(uniform_case(b, s_kv, heads, s_q, KvCacheDType::kAuto, false));
+    } else if ((arg == "--json" || arg == "--commit" || arg == "--only" || arg == "--parts") &&
+               i + 1 < argc) {
       (arg == "--json"     ? json_path
        : arg == "--commit" ? commit
        : arg == "--only"   ? only
@@ -420,7 +436,7 @@ int main(int argc, char** argv) {
     } else {
       std::fprintf(stderr,
                    "usage: bench_gpu_decode [--json PATH] [--commit HASH] [--only TEXT] "
-                   "[--parts N]\n");
+                   "[--parts N] [--case B,s_kv,h_q,s_q]...\n");
       return 2;
     }
   }
@@ -454,8 +470,9 @@ int main(int argc, char** argv) {
               "FlashMLA", "ratio");
   // Issue 8's table, then each of its shapes batch-invariant (its cost), then item 4's s_q x h_q
   // grid at B64 s_kv 4096.
-  std::vector<Case> cases;
+  std::vector<Case> cases = custom_cases;
   for (bool invariant : {false, true}) {
+    if (!custom_cases.empty()) break;
     const KvCacheDType bf16 = KvCacheDType::kAuto, fp8 = KvCacheDType::kFp8E4m3;
     cases.push_back(uniform_case(128, 4096, 16, 1, bf16, invariant));
     cases.push_back(uniform_case(128, 8192, 16, 1, bf16, invariant));
@@ -475,6 +492,7 @@ int main(int argc, char** argv) {
   }
   // The fp8 formats with a bf16 q (bf16 MMAs), what an engine with an fp8 cache passes.
   for (int64_t heads : {16, 128}) {
+    if (!custom_cases.empty()) break;
     for (KvCacheDType kv : {KvCacheDType::kFp8E4m3, KvCacheDType::kFp8DsMla}) {
       Case c = uniform_case(128, 8192, heads, 1, kv, false);
       c.q_dtype = DType::kBF16;
@@ -482,6 +500,7 @@ int main(int argc, char** argv) {
     }
   }
   for (int64_t heads : {16, 32, 64, 128}) {
+    if (!custom_cases.empty()) break;
     for (int64_t s_q : {1, 2, 4, 8}) {
       cases.push_back(uniform_case(64, 4096, heads, s_q, KvCacheDType::kAuto, false));
     }

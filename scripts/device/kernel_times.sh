@@ -4,6 +4,7 @@
 # gpu__time_duration with caches and clocks left alone. Says where a small shape's time goes
 # (docs/perf-notes.md): the replay time minus these sums is the graph's launch gaps.
 #   SHAPES="B32 s_kv 1024 h_q 16 bf16;B1 s_kv 4096 h_q 128 bf16" bash scripts/device/kernel_times.sh
+#   A shape written B,s_kv,h_q,s_q (e.g. "128,64,128,1") runs as bench_gpu_decode --case.
 # Writes $OUT/kernel_times.txt (one line per profiled kernel) and prints it.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -14,10 +15,12 @@ source scripts/device/devbin_env.sh || exit 2
 : > "$OUT/kernel_times.txt"
 IFS=';' read -ra shapes <<< "$SHAPES"
 for shape in "${shapes[@]}"; do
+  select=(--only "$shape")
+  if [[ "$shape" =~ ^[0-9,]+$ ]]; then select=(--case "$shape"); fi
   # The first graph of a row holds plan + decode + combine per input copy: 3 copies' kernels.
   timeout 150 ncu --clock-control none --cache-control none --kernel-name "regex:mla_decode" \
     --launch-count 9 --metrics gpu__time_duration.sum,launch__grid_size --csv \
-    .devbin/bin/bench_gpu_decode --only "$shape" > "$OUT/ncu_times.csv" 2>&1
+    .devbin/bin/bench_gpu_decode "${select[@]}" > "$OUT/ncu_times.csv" 2>&1
   echo "== $shape" | tee -a "$OUT/kernel_times.txt"
   python3 - "$OUT/ncu_times.csv" <<'PY' | tee -a "$OUT/kernel_times.txt"
 import csv, sys
