@@ -297,6 +297,20 @@ inline void poison_fp8_value(const Case& c, HostInputs& in, int64_t b, int64_t k
   cache[(block * c.block_size + key % c.block_size) * entry + dim] = 0xff;
 }
 
+// Writes an f32 NaN (0xffffffff) over tile scale `tile` (< 4: NoPE values 128 tile .. + 127) of
+// key `key` of request b in the host cache of an fp8_ds_mla case.
+inline void poison_ds_mla_scale(const Case& c, HostInputs& in, int64_t b, int64_t key,
+                                int64_t tile) {
+  const int64_t width = in.block_table.size(1), entry = in.cache.size(2);
+  const auto* table = static_cast<const int32_t*>(in.block_table.view().data);  // [B, width]
+  const int64_t block = table[b * width + key / c.block_size];
+  ASSERT_GE(block, 0) << "key " << key << " of request " << b << " has no block";
+  uint8_t* cache = static_cast<uint8_t*>(in.cache.view().data);  // [num_blocks, bs, 656] bytes
+  std::memset(cache + (block * c.block_size + key % c.block_size) * entry + kDsMlaScaleOffset +
+                  static_cast<int64_t>(sizeof(float)) * tile,
+              0xff, sizeof(float));
+}
+
 // Every row of request `nan_request` is NaN (out and lse: all its queries see the poisoned key);
 // the other requests match the oracle `ref`, computed before the poisoning.
 inline void expect_nan_request_only(const Case& c, const TensorView& out, const TensorView& lse,

@@ -1,5 +1,6 @@
 // The sm90 absorbed-MQA decode kernel with mma.sync (docs/kernels/decode_sm90.md): every
-// configuration except 64 rows with a native 16-bit cache, which kernel_wgmma.cuh serves.
+// configuration except 64 rows over a cache TMA can read (any format), which kernel_wgmma.cuh
+// serves.
 //
 // One CTA = (part, tile of kBlockM query rows). It computes its part's segments of the work plan
 // (work_plan.hpp, written by the plan kernel) one after another; a segment is a range of 64-key

@@ -525,8 +525,9 @@ __device__ __forceinline__ void convert_segment(const WorkItem& w, uint8_t* smem
             stage + b * Cfg::kConvertedBlockBytes + i * kPassKeys * kSwizzleBytes;
         if constexpr (Cfg::kScaledTiles) {
           // the key's scale of the block's 128 values (entry scale b / 2)
-          const float scale = ld_shared_f32(scales + i * kPassKeys * Cfg::kScaleKeyBytes +
-                                            b / 2 * static_cast<int>(sizeof(float)));
+          const float scale =
+              ld_shared_f32(scales + i * kPassKeys * Cfg::kScaleKeyBytes +
+                            b / Cfg::kBlocksPerScale * static_cast<int>(sizeof(float)));
           st_shared_v4(block + converted_chunk[0],
                        convert_e4m3x8<Elem, false>(raw[i].x, raw[i].y, scale));
           st_shared_v4(block + converted_chunk[1],

@@ -80,9 +80,12 @@ struct WgmmaConfig {
   // fp8_ds_mla: the tile scales of the tile in each stage, f32 [kStages][64 keys][4] (a key's
   // entry bytes 512..527 as stored, one scale per 128 NoPE values), landed by one TMA box per page
   // beside the stage's raw blocks (the stage itself has no room left: see kRawOffsetInStage).
-  static constexpr int kScalesPerKey = static_cast<int>(kDsMlaNumTiles);       // 4
-  static constexpr int kScaleKeyBytes = kScaledTiles ? kScalesPerKey * 4 : 0;  // 16: 4 f32
-  static constexpr int kScaleStageBytes = kBlockN * kScaleKeyBytes;            // 1 KiB
+  static constexpr int kScalesPerKey = static_cast<int>(kDsMlaNumTiles);  // 4
+  static constexpr int kScaleKeyBytes =                                   // 16: 4 f32
+      kScaledTiles ? kScalesPerKey * static_cast<int>(sizeof(float)) : 0;
+  // Column blocks (64 values) one scale covers (128 values): block b's scale is b / 2.
+  static constexpr int kBlocksPerScale = static_cast<int>(kDsMlaTileSize) / (kSwizzleBytes / 2);
+  static constexpr int kScaleStageBytes = kBlockN * kScaleKeyBytes;  // 1 KiB
   static constexpr int kScaleOffset = kRowMaxOffset + kRowStatBytes;
   // One mbarrier per (stage, 128-byte column block), 8 bytes each, [kStages][kColumnBlocks]: its
   // phase completes when that column block of the stage's tile has landed, so the scores' MMAs
