@@ -303,7 +303,8 @@ TEST(MlaDecodeCuda, SixtyFourRowTilesOverSixteenBitCaches) {
 // heads per 64 rows (N a multiple or a divisor of 64) and 16-byte strides: tiles of one query's
 // heads, of several queries (N 16, 32), and past the last query (zero-filled rows: s_q N not a
 // multiple of 64); otherwise its threads load q: N 48, a q row padding of 3 elements (unaligned
-// strides), an f16 q over a bf16 cache (converted).
+// strides), an f16 q over a bf16 cache (converted; with N 32 and s_q 3 also over a second, half
+// empty row tile whose rows past the request the threads zero).
 TEST(MlaDecodeCuda, QTilesByTmaAndByThreads) {
   MLAKIT_SKIP_WITHOUT_GPU();
   uint64_t stream = 270;
@@ -311,10 +312,11 @@ TEST(MlaDecodeCuda, QTilesByTmaAndByThreads) {
     int64_t heads, s_q, q_pad;
     DType q_dtype;
   };
-  for (const Shape& shape : {Shape{128, 1, 0, DType::kBF16}, Shape{64, 2, 0, DType::kBF16},
-                             Shape{32, 5, 0, DType::kBF16}, Shape{16, 3, 0, DType::kBF16},
-                             Shape{16, 4, 8, DType::kBF16}, Shape{48, 2, 0, DType::kBF16},
-                             Shape{128, 2, 3, DType::kBF16}, Shape{64, 1, 0, DType::kF16}}) {
+  for (const Shape& shape :
+       {Shape{128, 1, 0, DType::kBF16}, Shape{64, 2, 0, DType::kBF16},
+        Shape{32, 5, 0, DType::kBF16}, Shape{16, 3, 0, DType::kBF16}, Shape{16, 4, 8, DType::kBF16},
+        Shape{48, 2, 0, DType::kBF16}, Shape{128, 2, 3, DType::kBF16}, Shape{64, 1, 0, DType::kF16},
+        Shape{32, 3, 0, DType::kF16}}) {
     Case c;
     c.seq_lens = {700, 5, 0, 129, 64};
     c.heads = shape.heads;
@@ -375,10 +377,11 @@ TEST(MlaDecodeCuda, SixtyFourRowTilesOverFp8E4m3Caches) {
 // 64-row CTAs over fp8_ds_mla caches: the wgmma kernel's three TMA maps (the NoPE bytes, converted
 // in place with their tile scales by its third warpgroup; the scales, into a ring beside the
 // stages; the rope, straight into the operand tile), one box per page for block sizes 8, 16 and 32,
-// a 64-slot box otherwise, for both rope dtypes (the MMA element type) and every q dtype (an fp8 q
-// takes the rope dtype from out; an f16 q over a bf16 rope is converted by the threads); block
-// size 24 takes the mma.sync kernel. Lengths end mid-tile and mid-page over NaN-poisoned slots
-// (NoPE bytes, scales and rope all NaN).
+// a 64-slot box otherwise, for both rope dtypes (the MMA element type) and every q dtype. The op
+// takes the rope dtype from a 16-bit q, else from out (ds_mla_rope_dtype), so a 16-bit q is
+// always in the rope dtype (q by TMA where aligned); f32 and fp8 q are converted by the threads.
+// Block size 24 takes the mma.sync kernel. Lengths end mid-tile and mid-page over NaN-poisoned
+// slots (NoPE bytes, scales and rope all NaN).
 TEST(MlaDecodeCuda, SixtyFourRowTilesOverFp8DsMlaCaches) {
   MLAKIT_SKIP_WITHOUT_GPU();
   uint64_t stream = 320;
@@ -397,10 +400,11 @@ TEST(MlaDecodeCuda, SixtyFourRowTilesOverFp8DsMlaCaches) {
     return c;
   };
   const DType bf16 = DType::kBF16, f16 = DType::kF16, fp8 = DType::kFp8E4m3;
-  for (const Case& c : {ds_mla_case(128, 1, 64, bf16, bf16), ds_mla_case(128, 2, 16, f16, f16),
-                        ds_mla_case(64, 1, 8, bf16, DType::kF32), ds_mla_case(64, 3, 128, f16, fp8),
-                        ds_mla_case(32, 2, 32, bf16, fp8), ds_mla_case(32, 3, 16, bf16, f16),
-                        ds_mla_case(128, 1, 24, bf16, bf16)}) {
+  for (const Case& c :
+       {ds_mla_case(128, 1, 64, bf16, bf16), ds_mla_case(128, 2, 16, f16, f16),
+        ds_mla_case(64, 1, 8, bf16, DType::kF32), ds_mla_case(64, 3, 128, f16, fp8),
+        ds_mla_case(32, 2, 32, bf16, fp8), ds_mla_case(32, 3, 16, bf16, DType::kF32),
+        ds_mla_case(128, 1, 24, bf16, bf16)}) {
     check_case(c, stream++, {0, 5});
   }
 }

@@ -70,6 +70,10 @@ struct Case {
         return cache_dtype;  // fp8_ds_mla: the rope dtype
     }
   }
+  // fp8_ds_mla: the rope dtype the op reads the entries with (ops' ds_mla_rope_dtype): a 16-bit
+  // q's dtype, else out's. The cache does not record it, so cache_dtype must be this one (an f16 q
+  // over a bf16 rope would be read as an f16 rope, by every backend).
+  DType ds_mla_rope_dtype() const { return is_float16(q_dtype) ? q_dtype : out_dtype; }
   // E holds q and the keys exactly (no rounding on the way into the MMAs): q already in E (or
   // fp8, converted to f16 exactly), and no per-block scale.
   bool exact_inputs() const {
@@ -173,6 +177,11 @@ inline RequestValues random_request(const Case& c, int32_t seq_len, std::mt19937
 inline HostInputs batch_inputs(const Case& c, const std::vector<RequestValues>& requests,
                                std::mt19937_64& rng, bool oracle_values = true) {
   HostInputs in;
+  if (c.kv_dtype == KvCacheDType::kFp8DsMla && c.cache_dtype != c.ds_mla_rope_dtype()) {
+    ADD_FAILURE() << "fp8_ds_mla case with a " << dtype_name(c.cache_dtype) << " rope, but q "
+                  << dtype_name(c.q_dtype) << " and out " << dtype_name(c.out_dtype)
+                  << " make the op read a " << dtype_name(c.ds_mla_rope_dtype()) << " rope";
+  }
   const int64_t batch = c.batch(), bs = c.block_size;
   int64_t width = 1, used_blocks = 0;
   for (int32_t len : c.seq_lens) {
