@@ -303,7 +303,8 @@ TEST(MlaDecodeCuda, SixtyFourRowTilesOverSixteenBitCaches) {
 // heads per 64 rows (N a multiple or a divisor of 64) and 16-byte strides: tiles of one query's
 // heads, of several queries (N 16, 32), and past the last query (zero-filled rows: s_q N not a
 // multiple of 64); otherwise its threads load q: N 48, a q row padding of 3 elements (unaligned
-// strides), an f16 q over a bf16 cache (converted).
+// strides), an f16 q over a bf16 cache (converted; with N 32 and s_q 3 also over a second, half
+// empty row tile whose rows past the request the threads zero).
 TEST(MlaDecodeCuda, QTilesByTmaAndByThreads) {
   MLAKIT_SKIP_WITHOUT_GPU();
   uint64_t stream = 270;
@@ -311,10 +312,11 @@ TEST(MlaDecodeCuda, QTilesByTmaAndByThreads) {
     int64_t heads, s_q, q_pad;
     DType q_dtype;
   };
-  for (const Shape& shape : {Shape{128, 1, 0, DType::kBF16}, Shape{64, 2, 0, DType::kBF16},
-                             Shape{32, 5, 0, DType::kBF16}, Shape{16, 3, 0, DType::kBF16},
-                             Shape{16, 4, 8, DType::kBF16}, Shape{48, 2, 0, DType::kBF16},
-                             Shape{128, 2, 3, DType::kBF16}, Shape{64, 1, 0, DType::kF16}}) {
+  for (const Shape& shape :
+       {Shape{128, 1, 0, DType::kBF16}, Shape{64, 2, 0, DType::kBF16},
+        Shape{32, 5, 0, DType::kBF16}, Shape{16, 3, 0, DType::kBF16}, Shape{16, 4, 8, DType::kBF16},
+        Shape{48, 2, 0, DType::kBF16}, Shape{128, 2, 3, DType::kBF16}, Shape{64, 1, 0, DType::kF16},
+        Shape{32, 3, 0, DType::kF16}}) {
     Case c;
     c.seq_lens = {700, 5, 0, 129, 64};
     c.heads = shape.heads;
@@ -369,6 +371,76 @@ TEST(MlaDecodeCuda, SixtyFourRowTilesOverFp8E4m3Caches) {
                         fp8_case(64, 1, 8, DType::kF16), fp8_case(64, 3, 128, DType::kF32),
                         fp8_case(32, 2, 32, DType::kFp8E4m3), fp8_case(128, 1, 24, DType::kBF16)}) {
     check_case(c, stream++, {0, 5});
+  }
+}
+
+// 64-row CTAs over fp8_ds_mla caches: the wgmma kernel's three TMA maps (the NoPE bytes, converted
+// in place with their tile scales by its third warpgroup; the scales, into a ring beside the
+// stages; the rope, straight into the operand tile), one box per page for block sizes 8, 16 and 32,
+// a 64-slot box otherwise, for both rope dtypes (the MMA element type) and every q dtype. The op
+// takes the rope dtype from a 16-bit q, else from out (ds_mla_rope_dtype), so a 16-bit q is
+// always in the rope dtype (q by TMA where aligned); f32 and fp8 q are converted by the threads.
+// Block size 24 takes the mma.sync kernel. Lengths end mid-tile and mid-page over NaN-poisoned
+// slots (NoPE bytes, scales and rope all NaN).
+TEST(MlaDecodeCuda, SixtyFourRowTilesOverFp8DsMlaCaches) {
+  MLAKIT_SKIP_WITHOUT_GPU();
+  uint64_t stream = 320;
+  auto ds_mla_case = [](int64_t heads, int64_t s_q, int64_t block_size, DType rope, DType q_dtype) {
+    Case c;  // check_case traces every field
+    c.seq_lens = {1000, 130, 0, 64, static_cast<int32_t>(s_q), 127, 200};
+    c.kv_dtype = KvCacheDType::kFp8DsMla;
+    c.cache_dtype = rope;
+    c.heads = heads;
+    c.s_q = s_q;
+    c.block_size = block_size;
+    c.q_dtype = q_dtype;
+    c.q_scale = 2.0f;    // applies to an fp8 q only
+    c.k_scale = 0.5f;    // the entries carry their own scales: k_scale must not apply
+    c.out_dtype = rope;  // an fp8 q: the rope dtype is out's
+    return c;
+  };
+  const DType bf16 = DType::kBF16, f16 = DType::kF16, fp8 = DType::kFp8E4m3;
+  for (const Case& c :
+       {ds_mla_case(128, 1, 64, bf16, bf16), ds_mla_case(128, 2, 16, f16, f16),
+        ds_mla_case(64, 1, 8, bf16, DType::kF32), ds_mla_case(64, 3, 128, f16, fp8),
+        ds_mla_case(32, 2, 32, bf16, fp8), ds_mla_case(32, 3, 16, bf16, DType::kF32),
+        ds_mla_case(128, 1, 24, bf16, bf16)}) {
+    check_case(c, stream++, {0, 5});
+  }
+}
+
+// A NaN tile scale of one fp8_ds_mla key makes every row that sees the key NaN (out and lse); the
+// other requests stay exact. Scale 0 (blocks 0-1, converted in the first phase) and 3 (blocks 6-7,
+// held in registers until the last), a key in the first 32 of its tile (the convert warpgroup's
+// first pass) and one in the last 32, 64-row CTAs (wgmma, pages of 16 and 64 keys, and the
+// mma.sync kernel's 24) and 16-row ones.
+TEST(MlaDecodeCuda, NanDsMlaTileScalesPropagate) {
+  MLAKIT_SKIP_WITHOUT_GPU();
+  uint64_t stream = 340;
+  struct Poison {
+    int64_t heads, block_size, key, tile;
+    DType rope;
+  };
+  for (const Poison& poison :
+       {Poison{128, 64, 517, 3, DType::kBF16}, Poison{64, 16, 490, 0, DType::kF16},
+        Poison{32, 24, 517, 3, DType::kF16}, Poison{16, 64, 490, 3, DType::kBF16}}) {
+    Case c;
+    c.seq_lens = {300, 700, 5};
+    c.kv_dtype = KvCacheDType::kFp8DsMla;
+    c.cache_dtype = c.q_dtype = c.out_dtype = poison.rope;
+    c.heads = poison.heads;
+    c.block_size = poison.block_size;
+    SCOPED_TRACE(testing::Message()
+                 << c.name() << " key " << poison.key << " scale " << poison.tile);
+    auto rng = test::make_rng(stream++);
+    HostInputs in = make_inputs(c, rng);
+    const Expected ref = reference(c, in.q_kernel, in.k_kernel);
+    poison_ds_mla_scale(c, in, 1, poison.key, poison.tile);
+    const DeviceInputs d = upload(in);
+    for (int64_t parts : {1, 20}) {
+      const Results r = run_gpu(c, d, parts);
+      expect_nan_request_only(c, r.out, r.lse, ref, 1);
+    }
   }
 }
 

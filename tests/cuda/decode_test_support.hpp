@@ -70,6 +70,10 @@ struct Case {
         return cache_dtype;  // fp8_ds_mla: the rope dtype
     }
   }
+  // fp8_ds_mla: the rope dtype the op reads the entries with (ops' ds_mla_rope_dtype): a 16-bit
+  // q's dtype, else out's. The cache does not record it, so cache_dtype must be this one (an f16 q
+  // over a bf16 rope would be read as an f16 rope, by every backend).
+  DType ds_mla_rope_dtype() const { return is_float16(q_dtype) ? q_dtype : out_dtype; }
   // E holds q and the keys exactly (no rounding on the way into the MMAs): q already in E (or
   // fp8, converted to f16 exactly), and no per-block scale.
   bool exact_inputs() const {
@@ -173,6 +177,11 @@ inline RequestValues random_request(const Case& c, int32_t seq_len, std::mt19937
 inline HostInputs batch_inputs(const Case& c, const std::vector<RequestValues>& requests,
                                std::mt19937_64& rng, bool oracle_values = true) {
   HostInputs in;
+  if (c.kv_dtype == KvCacheDType::kFp8DsMla && c.cache_dtype != c.ds_mla_rope_dtype()) {
+    ADD_FAILURE() << "fp8_ds_mla case with a " << dtype_name(c.cache_dtype) << " rope, but q "
+                  << dtype_name(c.q_dtype) << " and out " << dtype_name(c.out_dtype)
+                  << " make the op read a " << dtype_name(c.ds_mla_rope_dtype()) << " rope";
+  }
   const int64_t batch = c.batch(), bs = c.block_size;
   int64_t width = 1, used_blocks = 0;
   for (int32_t len : c.seq_lens) {
@@ -295,6 +304,20 @@ inline void poison_fp8_value(const Case& c, HostInputs& in, int64_t b, int64_t k
   ASSERT_GE(block, 0) << "key " << key << " of request " << b << " has no block";
   uint8_t* cache = static_cast<uint8_t*>(in.cache.view().data);
   cache[(block * c.block_size + key % c.block_size) * entry + dim] = 0xff;
+}
+
+// Writes an f32 NaN (0xffffffff) over tile scale `tile` (< 4: NoPE values 128 tile .. + 127) of
+// key `key` of request b in the host cache of an fp8_ds_mla case.
+inline void poison_ds_mla_scale(const Case& c, HostInputs& in, int64_t b, int64_t key,
+                                int64_t tile) {
+  const int64_t width = in.block_table.size(1), entry = in.cache.size(2);
+  const auto* table = static_cast<const int32_t*>(in.block_table.view().data);  // [B, width]
+  const int64_t block = table[b * width + key / c.block_size];
+  ASSERT_GE(block, 0) << "key " << key << " of request " << b << " has no block";
+  uint8_t* cache = static_cast<uint8_t*>(in.cache.view().data);  // [num_blocks, bs, 656] bytes
+  std::memset(cache + (block * c.block_size + key % c.block_size) * entry + kDsMlaScaleOffset +
+                  static_cast<int64_t>(sizeof(float)) * tile,
+              0xff, sizeof(float));
 }
 
 // Every row of request `nan_request` is NaN (out and lse: all its queries see the poisoned key);

@@ -15,7 +15,8 @@ namespace mlakit::cuda::decode_sm90 {
 template <class Cfg>
 void launch_decode_kernel(const DecodeKernelParams& params, dim3 grid, cudaStream_t stream);
 
-// Cfg = WgmmaConfig<element, format> (traits_wgmma.cuh): 64 rows, native or fp8_e4m3 cache.
+// Cfg = WgmmaConfig<element, format> (traits_wgmma.cuh): 64 rows, native, fp8_e4m3 or fp8_ds_mla
+// cache.
 template <class Cfg>
 void launch_decode_wgmma_kernel(const DecodeKernelParams& params, dim3 grid, cudaStream_t stream);
 

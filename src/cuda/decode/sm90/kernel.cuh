@@ -1,5 +1,6 @@
 // The sm90 absorbed-MQA decode kernel with mma.sync (docs/kernels/decode_sm90.md): every
-// configuration except 64 rows with a native 16-bit cache, which kernel_wgmma.cuh serves.
+// configuration except 64 rows over a cache TMA can read (any format), which kernel_wgmma.cuh
+// serves.
 //
 // One CTA = (part, tile of kBlockM query rows). It computes its part's segments of the work plan
 // (work_plan.hpp, written by the plan kernel) one after another; a segment is a range of 64-key
@@ -32,26 +33,6 @@
 namespace mlakit::cuda::decode_sm90 {
 
 // ---- fp8 -> 16-bit conversion of a landed raw tile ----------------------------------------------
-
-// Eight e4m3 values (bytes of two words, lowest first) -> eight MMA elements (lowest in the low
-// half of .x), each multiplied by `scale` unless kUnscaled (then exact: e4m3 is exact in f16 and
-// bf16). The conversion pipe keeps NaN as NaN.
-template <class Elem, bool kUnscaled>
-__device__ __forceinline__ uint4 convert_e4m3x8(uint32_t lo, uint32_t hi, float scale) {
-  const uint32_t words[2] = {lo, hi};
-  uint32_t out[4];
-#pragma unroll
-  for (int pair = 0; pair < 4; ++pair) {
-    const auto two = static_cast<uint16_t>(words[pair / 2] >> (16 * (pair % 2)));
-    if constexpr (kUnscaled) {
-      out[pair] = Elem::from_e4m3x2(two);
-    } else {
-      const float2 f = f16x2_to_float2(e4m3x2_to_f16x2(two));
-      out[pair] = Elem::pack(f.x * scale, f.y * scale);
-    }
-  }
-  return make_uint4(out[0], out[1], out[2], out[3]);
-}
 
 // raw [64][kRawEntry] -> conv [64][1152] swizzled. Thread t converts key t / 4: raw 16-byte chunks
 // t % 4 + 4 j (16 e4m3 values -> converted chunks 2 c and 2 c + 1). A fixed key per thread keeps

@@ -131,6 +131,29 @@ __device__ __forceinline__ WorkItem make_work_item(const DecodeKernelParams& p, 
   return w;
 }
 
+// ---- fp8 -> 16-bit conversion ------------------------------------------------------------------
+
+// Eight e4m3 values (bytes of two words, lowest first) -> eight MMA elements (lowest in the low
+// half of .x), each multiplied by `scale` unless kUnscaled (then exact: e4m3 is exact in f16 and
+// bf16). The conversion pipe keeps NaN as NaN. fp8_ds_mla tiles of both kernels (kernel.cuh's
+// convert_tile, kernel_wgmma.cuh's convert_segment) go through it: the same bits in E.
+template <class Elem, bool kUnscaled>
+__device__ __forceinline__ uint4 convert_e4m3x8(uint32_t lo, uint32_t hi, float scale) {
+  const uint32_t words[2] = {lo, hi};
+  uint32_t out[4];
+#pragma unroll
+  for (int pair = 0; pair < 4; ++pair) {
+    const auto two = static_cast<uint16_t>(words[pair / 2] >> (16 * (pair % 2)));
+    if constexpr (kUnscaled) {
+      out[pair] = Elem::from_e4m3x2(two);
+    } else {
+      const float2 f = f16x2_to_float2(e4m3x2_to_f16x2(two));
+      out[pair] = Elem::pack(f.x * scale, f.y * scale);
+    }
+  }
+  return make_uint4(out[0], out[1], out[2], out[3]);
+}
+
 // ---- q
 // -------------------------------------------------------------------------------------------
 

@@ -1,18 +1,21 @@
 // The sm90 absorbed-MQA decode kernel with warpgroup MMAs (docs/kernels/decode_sm90.md, "wgmma
-// path"): 64 query rows per CTA over a native 16-bit or an fp8_e4m3 cache. Work split, copy, q
-// staging, masking and outputs are kernel_common.cuh's; the two products run on wgmma.
+// path"): 64 query rows per CTA over a native 16-bit, an fp8_e4m3 or an fp8_ds_mla cache. Work
+// split, copy, q staging, masking and outputs are kernel_common.cuh's; the two products run on
+// wgmma.
 //
-// CTA = 2 warpgroups with their own jobs (3 over fp8_e4m3), computing its part's segments of the
+// CTA = 2 warpgroups with their own jobs (3 over fp8 caches), computing its part's segments of the
 // work plan one after another; per 64-key tile t of a segment (stage t % 2):
 //   copy warpgroup   its first thread issues the TMA copies (cache_tensor_map.hpp), two tiles
 //                    ahead: tile t + 2 goes into stage t % 2 as soon as both warpgroups are done
 //                    with tile t, each 128-byte column block announced on its own mbarrier
 //                    (nobody waits for the copies but the score warpgroup, when it needs them);
 //                    at a segment's start also the q tile, by TMA where q needs no conversion;
-//   convert warpgroup  (fp8_e4m3 only) TMA lands the tile's raw e4m3 column blocks in the stage's
-//                    last 36 KiB; it converts them to the MMA element type (exact) in place, in
-//                    the phases of traits_wgmma.cuh's schedule (which makes it safe), announced
-//                    on a second mbarrier per block;
+//   convert warpgroup  (fp8 caches) TMA lands the tile's raw e4m3 column blocks in the stage's
+//                    last 36 KiB (fp8_e4m3; fp8_ds_mla: its 8 NoPE blocks in [32, 64) KiB, their
+//                    scales in a ring beside the stages, the rope straight into block 8 in E); it
+//                    converts them to the MMA element type (exact; fp8_ds_mla e4m3 * scale,
+//                    rounded) in place, in the phases of traits_wgmma.cuh's schedule (which makes
+//                    it safe), announced on a second mbarrier per block;
 //   score warpgroup  zeroes the values of keys past the segment's end (last tile); S = q K_t^T
 //                    with 36 wgmma m64n64k16 (the whole tile: q is read once per tile), in
 //                    batches of kScoreBatchBlocks column blocks, each issued once its blocks'
@@ -108,12 +111,24 @@ __device__ __forceinline__ bool mma_barrier_or(bool predicate) {
   return named_barrier_or(kMmaBarrier, kThreads, predicate);
 }
 // Pages a 64-key tile spans at most: block_size 8 (cache_tensor_map.hpp).
-inline constexpr int kMaxPagesPerTile = 8;
+inline constexpr int kMaxPagesPerTile = kBlockN / kMinBoxSlots;
 // k-blocks of a wgmma m64n64k16 (16 columns) per 128-byte column block (64 columns).
 inline constexpr int kKBlocksPerColumnBlock = kSwizzleBytes / 2 / 16;
 // Column blocks per wgmma batch of the scores: each batch starts when its blocks have landed.
 // Measured (H100, 2026-12-06): 3 beat 1 and 5 (bench/results/2026-12-06-h100-decode-sbatch-ab.md).
 inline constexpr int kScoreBatchBlocks = 3;
+
+// The TMA map of column block `block` of a tile: the cache's one map, or fp8_ds_mla's NoPE map for
+// the 8 converted blocks and its rope map for block 8.
+template <class Cfg>
+__device__ __forceinline__ const CUtensorMap* block_map(const typename Cfg::CacheMaps& maps,
+                                                        int block) {
+  if constexpr (Cfg::kScaledTiles) {
+    return block < Cfg::kConvertedBlocks ? &maps.nope : &maps.rope;
+  } else {
+    return &maps;
+  }
+}
 
 // Zeroes the values (the first 512 columns) of keys [valid_keys, 64) of a stage; run by the 128
 // threads of the score warpgroup (`tid` < 128).
@@ -139,7 +154,7 @@ __device__ __forceinline__ void barrier_sync(DecodeBarrier b, int stage) {
 // segments).
 template <class Cfg>
 __device__ __forceinline__ void decode_segment_wgmma(const DecodeKernelParams& p,
-                                                     const CUtensorMap& cache_map,
+                                                     const typename Cfg::CacheMaps& cache_maps,
                                                      const CUtensorMap& q_map, const WorkItem& w,
                                                      uint8_t* smem, uint32_t& full_phase,
                                                      uint32_t& q_phase) {
@@ -164,11 +179,11 @@ __device__ __forceinline__ void decode_segment_wgmma(const DecodeKernelParams& p
     return full_barriers + 8 * (st * Cfg::kColumnBlocks + block);
   };
   // The mbarrier of column block `block` of stage `st` that the scores wait for: the landed block
-  // (native) or its converted one (fp8).
-  const uint32_t ready_barriers =
-      smem_addr(smem + (Cfg::kConvert ? Cfg::kConvertedBarrierOffset : Cfg::kFullBarrierOffset));
+  // (native; fp8_ds_mla's rope block 8) or its converted one (fp8).
+  const uint32_t converted_barriers = smem_addr(smem + Cfg::kConvertedBarrierOffset);
   auto ready_barrier = [&](int st, int block) {
-    return ready_barriers + 8 * (st * Cfg::kColumnBlocks + block);
+    return (block < Cfg::kConvertedBlocks ? converted_barriers : full_barriers) +
+           8 * (st * Cfg::kColumnBlocks + block);
   };
 
   typename L::MmaO mma_o;
@@ -212,13 +227,14 @@ __device__ __forceinline__ void decode_segment_wgmma(const DecodeKernelParams& p
                                       : -1;
     }
   };
-  // Producer: announces tile `tile`'s bytes on its stage's mbarrier and issues its boxes, then
+  // Producer: announces tile `tile`'s bytes on its stage's mbarriers and issues its boxes, then
   // looks up the page ids of the tile after it. Pages past cta_end are not read; a block id
   // outside the cache sets `bad` and is not read either (the CTA's rows become NaN).
+  const uint32_t scale_ring = smem_addr(smem + Cfg::kScaleOffset);  // fp8_ds_mla
   auto issue_tile = [&](int tile) {
     const int st = tile % Cfg::kStages;
     const uint32_t dst = smem_addr(stage(tile));
-    uint32_t block_bytes = 0;  // per column block
+    uint32_t slots = 0;  // keys the tile's boxes copy (box_slots per page read)
     for (int i = 0; i < boxes; ++i) {
       const int pos = w.key_begin + tile * kBlockN + i * box_slots;
       const int page = next_pages[i];
@@ -228,25 +244,33 @@ __device__ __forceinline__ void decode_segment_wgmma(const DecodeKernelParams& p
         next_pages[i] = -1;
         continue;
       }
-      block_bytes += box_slots * Cfg::kLandedKeyBytes;
+      slots += box_slots;
     }
+    // Each column block's mbarrier counts its keys' bytes there (fp8: 64 raw bytes a key;
+    // native, fp8_ds_mla's rope: 128), block 0's also the fp8_ds_mla scales (16 bytes a key).
 #pragma unroll
     for (int b = 0; b < Cfg::kColumnBlocks; ++b) {
-      mbarrier_arrive_expect_tx(full_barrier(st, b), block_bytes);
+      const uint32_t key_bytes = Cfg::landed_key_bytes(b) + (b == 0 ? Cfg::kScaleKeyBytes : 0);
+      mbarrier_arrive_expect_tx(full_barrier(st, b), slots * key_bytes);
     }
     // Every box of the tile starts at the same slot of its page: with one page per tile
     // (block_size >= 64) trivially, and with several (block_size < 64 divides 64) each box is a
     // whole page's worth of keys further on. Pages outer, column blocks inner and unrolled: the
     // page ids stay in registers (blocks outer reloaded them from local memory per block).
     const int slot = fast_divmod(w.key_begin + tile * kBlockN, p.block_size_div).remainder;
-    constexpr int kBlockValues = kSwizzleBytes / 2;  // cache values per column block: 64
     for (int i = 0; i < boxes; ++i) {
       if (next_pages[i] < 0) continue;
+      if constexpr (Cfg::kScaledTiles) {  // the page's keys' 4 scales, rows of 16 bytes
+        tma_load_3d(scale_ring + st * Cfg::kScaleStageBytes + i * box_slots * Cfg::kScaleKeyBytes,
+                    &cache_maps.scales, full_barrier(st, 0), 0, slot, next_pages[i]);
+      }
 #pragma unroll
       for (int b = 0; b < Cfg::kColumnBlocks; ++b) {
-        tma_load_3d(
-            dst + Cfg::kLandedOffsetInStage + (b * kBlockN + i * box_slots) * Cfg::kLandedKeyBytes,
-            &cache_map, full_barrier(st, b), b * kBlockValues, slot, next_pages[i]);
+        // (block row + page keys) x key bytes: ptxas gives the native kernel 245 registers for
+        // this form, 254 for block offset + page keys x key bytes.
+        tma_load_3d(dst + (Cfg::landed_block_row(b) + i * box_slots) * Cfg::landed_key_bytes(b),
+                    block_map<Cfg>(cache_maps, b), full_barrier(st, b), Cfg::landed_block_column(b),
+                    slot, next_pages[i]);
       }
     }
     if (tile + 1 < w.num_tiles) lookup_tile_pages(tile + 1);
@@ -445,14 +469,17 @@ __device__ __forceinline__ void decode_segment_wgmma(const DecodeKernelParams& p
   }
 }
 
-// The convert warpgroup's part of a segment (fp8_e4m3): per tile, raw e4m3 -> the MMA element
+// The convert warpgroup's part of a segment (fp8 caches): per tile, raw e4m3 -> the MMA element
 // type in place, in the phases of traits_wgmma.cuh's schedule. It waits for nothing but the
 // tiles' TMA completions: a tile is issued into a stage only once the MMA warpgroups are done
 // with the stage's previous tile (and with the staged rows of a segment's end). Thread c of the
 // warpgroup handles the 16-byte raw units u = c and c + 128 of each block (key u / 4, values
 // 16 (u % 4) .. + 15 of the block: a warp's reads are 512 contiguous bytes) and writes them as the
 // 16-bit chunks 2 (u % 4) and 2 (u % 4) + 1 of the key's row (every 8 lanes of a store meet 8
-// distinct bank groups). Each phase ends with a fence, and every thread arrives on the converted
+// distinct bank groups). fp8_ds_mla: each value times its key's scale of the block's 128 values
+// (scale b / 2, read from the stage's scale ring, which block 0's mbarrier covers: a thread reads
+// block 0 before any other), rounded to E as convert_tile does (convert_e4m3x8); its rope block
+// is not touched. Each phase ends with a fence, and every thread arrives on the converted
 // mbarriers of the blocks written (2.8 % faster than __syncwarp and one arrival per warp:
 // bench/results/2026-12-06-h100-check-fp8.md).
 template <class Cfg>
@@ -471,13 +498,17 @@ __device__ __forceinline__ void convert_segment(const WorkItem& w, uint8_t* smem
   const int key = c / kUnitsPerKey, chunk = 2 * (c % kUnitsPerKey);
   const uint32_t converted_chunk[2] = {Cfg::operand_offset(key, chunk),
                                        Cfg::operand_offset(key, chunk + 1)};
-  static_assert(kWarpgroupThreads / kUnitsPerKey % kSwizzleRows == 0,
+  constexpr int kPassKeys = kWarpgroupThreads / kUnitsPerKey;  // keys a pass covers: 32
+  static_assert(kPassKeys % kSwizzleRows == 0,
                 "a pass moves whole swizzle patterns, so its chunks keep their swizzle");
+  // fp8_ds_mla: the scales of key c / 4 in stage 0's scale ring ([64 keys][4] f32)
+  const uint32_t key_scales = smem_addr(smem + Cfg::kScaleOffset) + key * Cfg::kScaleKeyBytes;
   for (int t = 0; t < w.num_tiles; ++t) {
     const int st = t % Cfg::kStages;
     const uint32_t parity = (full_phase >> st) & 1u;
     full_phase ^= 1u << st;
     const uint32_t stage = stages + st * kTileBytes;
+    const uint32_t scales = key_scales + st * Cfg::kScaleStageBytes;  // fp8_ds_mla
     auto read_block = [&](int b, uint4(&raw)[kPasses]) {
       mbarrier_wait(full_barriers + 8 * (st * Cfg::kColumnBlocks + b), parity);
 #pragma unroll
@@ -489,6 +520,20 @@ __device__ __forceinline__ void convert_segment(const WorkItem& w, uint8_t* smem
     auto write_block = [&](int b, const uint4(&raw)[kPasses]) {
 #pragma unroll
       for (int i = 0; i < kPasses; ++i) {
+        // pass i: key + 32 i, i.e. 32 rows (4 whole swizzle patterns) further
+        const uint32_t block =
+            stage + b * Cfg::kConvertedBlockBytes + i * kPassKeys * kSwizzleBytes;
+        if constexpr (Cfg::kScaledTiles) {
+          // the key's scale of the block's 128 values (entry scale b / 2)
+          const float scale =
+              ld_shared_f32(scales + i * kPassKeys * Cfg::kScaleKeyBytes +
+                            b / Cfg::kBlocksPerScale * static_cast<int>(sizeof(float)));
+          st_shared_v4(block + converted_chunk[0],
+                       convert_e4m3x8<Elem, false>(raw[i].x, raw[i].y, scale));
+          st_shared_v4(block + converted_chunk[1],
+                       convert_e4m3x8<Elem, false>(raw[i].z, raw[i].w, scale));
+          continue;
+        }
         const uint32_t words[4] = {raw[i].x, raw[i].y, raw[i].z, raw[i].w};
         uint32_t e[8];
 #pragma unroll
@@ -496,9 +541,6 @@ __device__ __forceinline__ void convert_segment(const WorkItem& w, uint8_t* smem
           e[2 * k] = Elem::from_e4m3x2(static_cast<uint16_t>(words[k]));
           e[2 * k + 1] = Elem::from_e4m3x2(static_cast<uint16_t>(words[k] >> 16));
         }
-        // pass i: key + 32 i, i.e. 32 rows (4 whole swizzle patterns) further
-        const uint32_t block = stage + b * Cfg::kConvertedBlockBytes +
-                               i * (kWarpgroupThreads / kUnitsPerKey) * kSwizzleBytes;
         st_shared_v4(block + converted_chunk[0], make_uint4(e[0], e[1], e[2], e[3]));
         st_shared_v4(block + converted_chunk[1], make_uint4(e[4], e[5], e[6], e[7]));
       }
@@ -509,13 +551,13 @@ __device__ __forceinline__ void convert_segment(const WorkItem& w, uint8_t* smem
       // every thread has read the raw blocks this phase overwrites
       if (phase > 0) named_barrier_sync(kRawBlockRead, kWarpgroupThreads);
 #pragma unroll
-      for (int b = 0; b < Cfg::kColumnBlocks; ++b) {  // blocks read in an earlier phase
+      for (int b = 0; b < Cfg::kConvertedBlocks; ++b) {  // blocks read in an earlier phase
         if (Cfg::converted_write_phase(b) == phase && Cfg::raw_read_phase(b) < phase) {
           write_block(b, held[Cfg::held_slot(b)]);
         }
       }
 #pragma unroll
-      for (int b = 0; b < Cfg::kColumnBlocks; ++b) {  // blocks read and written now
+      for (int b = 0; b < Cfg::kConvertedBlocks; ++b) {  // blocks read and written now
         if (Cfg::raw_read_phase(b) == phase && Cfg::converted_write_phase(b) == phase) {
           uint4 raw[kPasses];
           read_block(b, raw);
@@ -523,14 +565,14 @@ __device__ __forceinline__ void convert_segment(const WorkItem& w, uint8_t* smem
         }
       }
 #pragma unroll
-      for (int b = 0; b < Cfg::kColumnBlocks; ++b) {  // blocks read now, written later
+      for (int b = 0; b < Cfg::kConvertedBlocks; ++b) {  // blocks read now, written later
         if (Cfg::raw_read_phase(b) == phase && Cfg::converted_write_phase(b) > phase) {
           read_block(b, held[Cfg::held_slot(b)]);
         }
       }
       fence_shared_for_wgmma();  // this thread's 16-bit values become visible to wgmma
 #pragma unroll
-      for (int b = 0; b < Cfg::kColumnBlocks; ++b) {
+      for (int b = 0; b < Cfg::kConvertedBlocks; ++b) {
         if (Cfg::converted_write_phase(b) == phase) {
           mbarrier_arrive(converted_barriers + 8 * (st * Cfg::kColumnBlocks + b));
         }
@@ -542,7 +584,7 @@ __device__ __forceinline__ void convert_segment(const WorkItem& w, uint8_t* smem
 template <class Cfg>
 __global__ void __launch_bounds__(Cfg::kLaunchThreads, 1)
     mla_decode_sm90_wgmma_kernel(const __grid_constant__ DecodeKernelParams p,
-                                 const __grid_constant__ CUtensorMap cache_map,
+                                 const __grid_constant__ typename Cfg::CacheMaps cache_maps,
                                  const __grid_constant__ CUtensorMap q_map) {
   extern __shared__ __align__(1024) uint8_t smem_raw[];
   uint8_t* const smem =
@@ -557,7 +599,7 @@ __global__ void __launch_bounds__(Cfg::kLaunchThreads, 1)
     mbarrier_init(smem_addr(smem + Cfg::kQBarrierOffset), 1);  // the producer
     if constexpr (Cfg::kConvert) {
       for (int i = 0; i < Cfg::kStages * Cfg::kColumnBlocks; ++i) {
-        // every thread of the convert warpgroup
+        // every thread of the convert warpgroup (fp8_ds_mla's block 8 ones stay unused)
         mbarrier_init(smem_addr(smem + Cfg::kConvertedBarrierOffset + 8 * i), kWarpgroupThreads);
       }
     }
@@ -577,8 +619,8 @@ __global__ void __launch_bounds__(Cfg::kLaunchThreads, 1)
   }
   for (int segment = work.segment_begin; segment < work.segment_end; ++segment) {
     if (segment > work.segment_begin) mma_barrier();  // the last one is done with shared memory
-    decode_segment_wgmma<Cfg>(p, cache_map, q_map, make_work_item<Cfg>(p, work.row0, segment), smem,
-                              full_phase, q_phase);
+    decode_segment_wgmma<Cfg>(p, cache_maps, q_map, make_work_item<Cfg>(p, work.row0, segment),
+                              smem, full_phase, q_phase);
   }
   bulk_wait();  // this thread's bulk stores of partial rows, if any, have completed
 }

@@ -206,16 +206,14 @@ void launch_for_rows(const LaunchPlan& plan, cudaStream_t stream) {
     launch_decode_kernel<Config<kDecodeRowsSmall, kFormat, Element>>(plan.decode, grid, stream);
     return;
   }
-  if constexpr (kFormat != CacheFormat::kFp8DsMla) {
-    // 64 rows over a 16-bit or fp8_e4m3 cache: compute-bound, the wgmma kernel (kernel_wgmma.cuh),
-    // whose TMA copies need whole swizzle patterns per page and 16-byte aligned strides; other
-    // caches (an odd block_size, a strided view) take the mma.sync kernel. An fp8 q (RawE4m3Mma
-    // with 16 rows) becomes an f16 q tile there, as e4m3 -> f16 is exact.
-    using WgmmaElement = std::conditional_t<std::is_same_v<Element, RawE4m3Mma>, F16Mma, Element>;
-    if (cache_tensor_map_supported(plan.decode)) {
-      launch_decode_wgmma_kernel<WgmmaConfig<WgmmaElement, kFormat>>(plan.decode, grid, stream);
-      return;
-    }
+  // 64 rows: compute-bound, the wgmma kernel (kernel_wgmma.cuh) for every cache format, whose TMA
+  // copies need whole swizzle patterns per page and 16-byte aligned strides; other caches (an odd
+  // block_size, a strided view) take the mma.sync kernel. An fp8 q (RawE4m3Mma with 16 rows)
+  // becomes an f16 q tile there, as e4m3 -> f16 is exact.
+  using WgmmaElement = std::conditional_t<std::is_same_v<Element, RawE4m3Mma>, F16Mma, Element>;
+  if (cache_tensor_map_supported(plan.decode)) {
+    launch_decode_wgmma_kernel<WgmmaConfig<WgmmaElement, kFormat>>(plan.decode, grid, stream);
+    return;
   }
   launch_decode_kernel<Config<kDecodeRowsLarge, kFormat, Element>>(plan.decode, grid, stream);
 }

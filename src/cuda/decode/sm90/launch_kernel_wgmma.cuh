@@ -1,5 +1,6 @@
 // Launch of the wgmma decode configuration (kernel_wgmma.cuh), like launch_kernel.cuh's; only the
-// native and fp8_e4m3 instantiation files include it (CuTe headers stay out of the others).
+// instantiation files of 16-bit MMA elements include it (CuTe headers stay out of the raw e4m3
+// one).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -14,9 +15,19 @@
 
 namespace mlakit::cuda::decode_sm90 {
 
+// The cache's TMA maps for Cfg's format (host, driver calls).
+template <class Cfg>
+typename Cfg::CacheMaps make_cache_maps(const DecodeKernelParams& params) {
+  if constexpr (Cfg::kScaledTiles) {
+    return make_ds_mla_tensor_maps(params);
+  } else {
+    return make_cache_tensor_map(params, Cfg::kFormat);
+  }
+}
+
 template <class Cfg>
 void launch_decode_wgmma_kernel(const DecodeKernelParams& params, dim3 grid, cudaStream_t stream) {
-  const CUtensorMap cache_map = make_cache_tensor_map(params, Cfg::kFormat);
+  const typename Cfg::CacheMaps cache_maps = make_cache_maps<Cfg>(params);
   constexpr RuntimeDType kElement =
       std::is_same_v<typename Cfg::Element, Bf16Mma> ? RuntimeDType::kBF16 : RuntimeDType::kF16;
   const std::optional<CUtensorMap> q_map = make_q_tensor_map(params, kElement);
@@ -25,7 +36,7 @@ void launch_decode_wgmma_kernel(const DecodeKernelParams& params, dim3 grid, cud
   const auto kernel = &mla_decode_sm90_wgmma_kernel<Cfg>;
   set_max_dynamic_smem(reinterpret_cast<const void*>(kernel), Cfg::kSmemBytes, "mla_decode");
   launch_kernel_overlapped("mla_decode", "mla_decode_sm90_wgmma_kernel", kernel, grid,
-                           dim3(Cfg::kLaunchThreads), Cfg::kSmemBytes, stream, p, cache_map,
+                           dim3(Cfg::kLaunchThreads), Cfg::kSmemBytes, stream, p, cache_maps,
                            q_map.value_or(CUtensorMap{}));
 }
 
