@@ -527,6 +527,26 @@ __device__ __forceinline__ bool row_has_values(float l, bool bad) {
   return bad || l > 0.0f || isnan(l);
 }
 
+// Where the values of row `row` (< p.rows) of the segment go: `out` for the request's only
+// segment, else the segment's f32 partial row.
+struct RowDestination {
+  void* base;
+  int64_t offset;  // element offset of column 0 in base
+  RuntimeDType dtype;
+};
+__device__ __forceinline__ RowDestination row_destination(const DecodeKernelParams& p,
+                                                          const WorkItem& w, int row) {
+  if (w.slot >= 0) {
+    return {p.partial_out, (static_cast<int64_t>(w.slot) * p.rows + row) * kDimV,
+            RuntimeDType::kF32};
+  }
+  const DivMod jn = fast_divmod(row, p.heads_div);  // (query, head)
+  return {p.out,
+          w.batch_index * p.out_stride_batch + jn.quotient * p.out_stride_query +
+              jn.remainder * p.out_stride_head,
+          p.out_dtype};
+}
+
 // Finishes row `row` (< p.rows) of the CTA from its row sum `l` and max `m` (log2 units), `bad`
 // (a bad index or scale: NaN rows) and the request's value factor: writes its LSE when `write_lse`
 // (one thread per row), returns where its values go.
@@ -556,14 +576,11 @@ __device__ __forceinline__ RowSink finish_row(const DecodeKernelParams& p, const
     }
   }
   RowSink sink{nullptr, 0, RuntimeDType::kF32, inv};
-  if (direct) {
-    sink.base = p.out;
-    sink.offset =
-        w.batch_index * p.out_stride_batch + j * p.out_stride_query + n * p.out_stride_head;
-    sink.dtype = p.out_dtype;
-  } else if (lse != -INFINITY) {
-    sink.base = p.partial_out;
-    sink.offset = partial_row * kDimV;
+  if (direct || lse != -INFINITY) {
+    const RowDestination d = row_destination(p, w, row);
+    sink.base = d.base;
+    sink.offset = d.offset;
+    sink.dtype = d.dtype;
   }
   return sink;
 }

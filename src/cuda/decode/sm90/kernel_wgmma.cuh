@@ -425,12 +425,17 @@ __device__ __forceinline__ void decode_segment_wgmma(const DecodeKernelParams& p
   bad = report_bad_index(p, mma_barrier_or(bad));  // also publishes row_sum and row_max
   const RequestScales scales = epilogue_scales(p, w);
   bad = bad || scales.bad;
-  // A partial's rows (f32, 2 KiB each, contiguous in the workspace) are staged in shared memory
-  // over the idle stages and written by one bulk copy per row: per-thread 8-byte stores of all
-  // CTAs at once throttled the load/store unit (ncu, B4 s_kv 32768). Rows of the request's only
-  // segment go straight to `out` (any dtype and strides).
-  const bool staged = w.slot >= 0;
-  uint8_t* const staged_rows = smem + Cfg::kStageOffset;  // [64][kStagedRowBytes]
+  // Every row the segment writes is staged in shared memory in its destination's dtype (f32 for a
+  // partial row, out's for the request's only segment) and written by one bulk copy per row (out
+  // rows are 16-byte aligned: launch.cu): per-thread 4- or 8-byte stores from all CTAs at once
+  // throttled the load/store unit (ncu, B4 s_kv 32768). 16-bit rows are staged over the q tile,
+  // which the scores no longer read, so that the next segment's tiles may land in the stages while
+  // the bulk copies read; f32 rows need the stages' room.
+  const RuntimeDType staged_dtype = w.slot >= 0 ? RuntimeDType::kF32 : p.out_dtype;
+  const int value_bytes = staged_dtype == RuntimeDType::kF32 ? 4 : 2;
+  const int staged_stride = Cfg::staged_row_bytes(value_bytes);
+  uint8_t* const staged_rows =  // [64][staged_stride]
+      smem + (value_bytes == 2 ? Cfg::kQOffset : Cfg::kStageOffset);
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     const int row = w.row0 + local_row[h];
@@ -438,34 +443,23 @@ __device__ __forceinline__ void decode_segment_wgmma(const DecodeKernelParams& p
     const RowSink sink = finish_row(p, w, row, row_sum[local_row[h]], row_max[local_row[h]], bad,
                                     scales.value, scorer && quad_leader);
     if (sink.base == nullptr) continue;
-    if (staged) {
-      float* const dst =
-          reinterpret_cast<float*>(staged_rows + local_row[h] * Cfg::kStagedRowBytes);
-      CUTE_UNROLL
-      for (int j = 0; j < size<1>(o); j += 2) {
-        *reinterpret_cast<float2*>(dst + get<1>(o_coord(h, j))) =
-            make_float2(o(h, j) * sink.inv, o(h, j + 1) * sink.inv);
-      }
-      continue;
-    }
+    uint8_t* const staged_row = staged_rows + local_row[h] * staged_stride;
     with_pair_store(sink.dtype, [&](auto store) {
       CUTE_UNROLL
       for (int j = 0; j < size<1>(o); j += 2) {
-        store(sink.base, sink.offset + get<1>(o_coord(h, j)), o(h, j) * sink.inv,
-              o(h, j + 1) * sink.inv);
+        store(staged_row, get<1>(o_coord(h, j)), o(h, j) * sink.inv, o(h, j + 1) * sink.inv);
       }
     });
   }
-  if (staged) {
-    fence_shared_for_wgmma();  // the staged rows become visible to the bulk copies
-    mma_barrier();
-    const int row = w.row0 + tid;
-    if (tid < Cfg::kBlockM && row < p.rows && row_has_values(row_sum[tid], bad)) {
-      bulk_store(p.partial_out + (static_cast<int64_t>(w.slot) * p.rows + row) * kDimV,
-                 smem_addr(staged_rows + tid * Cfg::kStagedRowBytes), kDimV * 4);
-      bulk_commit();
-      bulk_wait_read();  // the stages are free again for the next segment's tiles
-    }
+  fence_shared_for_wgmma();  // the staged rows become visible to the bulk copies
+  mma_barrier();
+  const int row = w.row0 + tid;
+  if (tid < Cfg::kBlockM && row < p.rows && (w.slot < 0 || row_has_values(row_sum[tid], bad))) {
+    const RowDestination d = row_destination(p, w, row);
+    bulk_store(static_cast<uint8_t*>(d.base) + d.offset * value_bytes,
+               smem_addr(staged_rows + tid * staged_stride), kDimV * value_bytes);
+    bulk_commit();
+    bulk_wait_read();  // the staged rows' room is free again for the next segment
   }
 }
 

@@ -93,10 +93,13 @@ struct WgmmaConfig {
   // also counts the tile's scales, which every converted block needs and block 0 is read first).
   static constexpr int kColumnBlocks = kRowBytes / kSwizzleBytes;  // 9: 8 of values, 1 of rope
   static constexpr int kFullBarrierOffset = kScaleOffset + kStages * kScaleStageBytes;
-  // A segment's f32 partial rows are staged over the (then idle) stages before their bulk stores:
-  // [64][kStagedRowBytes], each row padded by 32 bytes so that the 8 rows a warp's stores cover
-  // at once fall in distinct banks (two wavefronts per 256-byte store, the minimum).
-  static constexpr int kStagedRowBytes = kDimV * 4 + 32;
+  // A segment's rows are staged before their bulk stores in the destination's dtype, [64 rows]
+  // [staged_row_bytes(value bytes)]: f32 over the (then idle) stages, 16-bit over the q tile.
+  // Each row is padded by 8 values so that the 8 rows a warp's stores cover at once fall in
+  // distinct bank slots (one wavefront per 128-byte store, two per 256-byte one: the minimum).
+  __host__ __device__ static constexpr int staged_row_bytes(int value_bytes) {
+    return (kDimV + 8) * value_bytes;
+  }
   // The kernel rounds the dynamic shared-memory base up to the 1024-byte swizzle alignment (the
   // hardware swizzles by absolute address bits), which may skip up to this much.
   static constexpr int kBaseAlignment = 1024;
@@ -187,8 +190,10 @@ struct WgmmaConfig {
                     kPInStageOffset % kBaseAlignment == 0,
                 "SW128 operand tiles start on 1024-byte boundaries");
   static_assert(kSmemBytes <= kSmemLimit, "shared-memory plan exceeds 227 KiB");
-  static_assert(kBlockM * kStagedRowBytes <= kStages * kTileBytes && kStagedRowBytes % 16 == 0,
-                "the staged partial rows fit the stages, rows 16-byte aligned for bulk stores");
+  static_assert(kBlockM * staged_row_bytes(4) <= kStages * kTileBytes &&
+                    kBlockM * staged_row_bytes(2) <= kQBytes && staged_row_bytes(2) % 16 == 0,
+                "f32 staged rows fit the stages, 16-bit ones the q tile, rows 16-byte aligned for "
+                "bulk stores");
   // Every 16-bit block is written in a later phase than every raw block it overlaps is read (so
   // after the barrier that ends that phase), no block is written before it is read, the raw
   // blocks held in registers at once use distinct slots, and the raw blocks stay clear of the
