@@ -351,21 +351,27 @@ TEST(MlaDecodeCuda, SixtyFourRowTilesOverEveryPageShape) {
 // 8 and 16, a 64-slot box otherwise) converted in place by its third warpgroup, for every q dtype
 // (bf16 and f32 q take bf16 MMAs, f16 and fp8 q f16 ones) with both scales applied; block size 24
 // takes the mma.sync kernel. Lengths end mid-tile and mid-page over NaN-poisoned slots.
+// A 64-row-tile case over an fp8 cache: lengths ending mid-tile and mid-page, both scales set.
+Case fp8_row_tile_case(KvCacheDType kv, int64_t heads, int64_t s_q, int64_t block_size,
+                       DType q_dtype) {
+  Case c;  // check_case traces every field
+  c.seq_lens = {1000, 130, 0, 64, static_cast<int32_t>(s_q), 127, 200};
+  c.kv_dtype = kv;
+  c.heads = heads;
+  c.s_q = s_q;
+  c.block_size = block_size;
+  c.q_dtype = q_dtype;
+  c.q_scale = 2.0f;  // applies to an fp8 q only
+  c.k_scale = 0.5f;  // fp8_e4m3's; fp8_ds_mla entries carry their own scales and must ignore it
+  c.out_dtype = DType::kBF16;
+  return c;
+}
+
 TEST(MlaDecodeCuda, SixtyFourRowTilesOverFp8E4m3Caches) {
   MLAKIT_SKIP_WITHOUT_GPU();
   uint64_t stream = 290;
   auto fp8_case = [](int64_t heads, int64_t s_q, int64_t block_size, DType q_dtype) {
-    Case c;  // check_case traces every field
-    c.seq_lens = {1000, 130, 0, 64, static_cast<int32_t>(s_q), 127, 200};
-    c.kv_dtype = KvCacheDType::kFp8E4m3;
-    c.heads = heads;
-    c.s_q = s_q;
-    c.block_size = block_size;
-    c.q_dtype = q_dtype;
-    c.q_scale = 2.0f;  // applies to an fp8 q only
-    c.k_scale = 0.5f;
-    c.out_dtype = DType::kBF16;
-    return c;
+    return fp8_row_tile_case(KvCacheDType::kFp8E4m3, heads, s_q, block_size, q_dtype);
   };
   for (const Case& c : {fp8_case(128, 1, 64, DType::kBF16), fp8_case(128, 2, 16, DType::kFp8E4m3),
                         fp8_case(64, 1, 8, DType::kF16), fp8_case(64, 3, 128, DType::kF32),
@@ -386,16 +392,8 @@ TEST(MlaDecodeCuda, SixtyFourRowTilesOverFp8DsMlaCaches) {
   MLAKIT_SKIP_WITHOUT_GPU();
   uint64_t stream = 320;
   auto ds_mla_case = [](int64_t heads, int64_t s_q, int64_t block_size, DType rope, DType q_dtype) {
-    Case c;  // check_case traces every field
-    c.seq_lens = {1000, 130, 0, 64, static_cast<int32_t>(s_q), 127, 200};
-    c.kv_dtype = KvCacheDType::kFp8DsMla;
+    Case c = fp8_row_tile_case(KvCacheDType::kFp8DsMla, heads, s_q, block_size, q_dtype);
     c.cache_dtype = rope;
-    c.heads = heads;
-    c.s_q = s_q;
-    c.block_size = block_size;
-    c.q_dtype = q_dtype;
-    c.q_scale = 2.0f;    // applies to an fp8 q only
-    c.k_scale = 0.5f;    // the entries carry their own scales: k_scale must not apply
     c.out_dtype = rope;  // an fp8 q: the rope dtype is out's
     return c;
   };
