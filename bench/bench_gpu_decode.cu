@@ -396,6 +396,44 @@ bool label_selected(const std::string& label, const std::string& only) {
   }
 }
 
+// Issue 8's table, then each of its shapes batch-invariant (its cost), the fp8 formats with a bf16
+// q, then item 4's s_q x h_q grid at B64 s_kv 4096.
+std::vector<Case> table_cases() {
+  std::vector<Case> cases;
+  for (bool invariant : {false, true}) {
+    const KvCacheDType bf16 = KvCacheDType::kAuto, fp8 = KvCacheDType::kFp8E4m3;
+    cases.push_back(uniform_case(128, 4096, 16, 1, bf16, invariant));
+    cases.push_back(uniform_case(128, 8192, 16, 1, bf16, invariant));
+    cases.push_back(uniform_case(32, 1024, 16, 1, bf16, invariant));
+    cases.push_back(uniform_case(64, 1024, 16, 1, bf16, invariant));
+    cases.push_back(uniform_case(128, 4096, 128, 1, bf16, invariant));
+    cases.push_back(uniform_case(128, 8192, 128, 1, bf16, invariant));
+    cases.push_back(uniform_case(128, 8192, 128, 2, bf16, invariant));
+    cases.push_back(uniform_case(1, 4096, 128, 1, bf16, invariant));
+    cases.push_back(uniform_case(4, 32768, 128, 1, bf16, invariant));
+    cases.push_back(varlen_case(invariant));
+    for (int64_t heads : {16, 128}) {  // fp8 q (f16 MMAs), as FlashMLA's fp8 contract has it
+      Case c = uniform_case(128, 8192, heads, 1, fp8, invariant);
+      c.q_dtype = DType::kFp8E4m3;
+      cases.push_back(c);
+    }
+  }
+  // The fp8 formats with a bf16 q (bf16 MMAs), what an engine with an fp8 cache passes.
+  for (int64_t heads : {16, 128}) {
+    for (KvCacheDType kv : {KvCacheDType::kFp8E4m3, KvCacheDType::kFp8DsMla}) {
+      Case c = uniform_case(128, 8192, heads, 1, kv, false);
+      c.q_dtype = DType::kBF16;
+      cases.push_back(c);
+    }
+  }
+  for (int64_t heads : {16, 32, 64, 128}) {
+    for (int64_t s_q : {1, 2, 4, 8}) {
+      cases.push_back(uniform_case(64, 4096, heads, s_q, KvCacheDType::kAuto, false));
+    }
+  }
+  return cases;
+}
+
 }  // namespace
 
 // Usage: bench_gpu_decode [--json PATH] [--commit HASH] [--only TEXT] [--parts N]
@@ -468,43 +506,7 @@ int main(int argc, char** argv) {
   std::printf("%-44s %-15s %5s %9s %9s %6s %6s %8s %8s %7s %7s %7s %7s\n", "shape (page 64)", "kv",
               "parts", "us", "self-plan", "GB/s", "TF/s", "mem us", "flop us", "%floor", "%PERF",
               "FlashMLA", "ratio");
-  // Issue 8's table, then each of its shapes batch-invariant (its cost), then item 4's s_q x h_q
-  // grid at B64 s_kv 4096.
-  std::vector<Case> cases = custom_cases;
-  for (bool invariant : {false, true}) {
-    if (!custom_cases.empty()) break;
-    const KvCacheDType bf16 = KvCacheDType::kAuto, fp8 = KvCacheDType::kFp8E4m3;
-    cases.push_back(uniform_case(128, 4096, 16, 1, bf16, invariant));
-    cases.push_back(uniform_case(128, 8192, 16, 1, bf16, invariant));
-    cases.push_back(uniform_case(32, 1024, 16, 1, bf16, invariant));
-    cases.push_back(uniform_case(64, 1024, 16, 1, bf16, invariant));
-    cases.push_back(uniform_case(128, 4096, 128, 1, bf16, invariant));
-    cases.push_back(uniform_case(128, 8192, 128, 1, bf16, invariant));
-    cases.push_back(uniform_case(128, 8192, 128, 2, bf16, invariant));
-    cases.push_back(uniform_case(1, 4096, 128, 1, bf16, invariant));
-    cases.push_back(uniform_case(4, 32768, 128, 1, bf16, invariant));
-    cases.push_back(varlen_case(invariant));
-    for (int64_t heads : {16, 128}) {  // fp8 q (f16 MMAs), as FlashMLA's fp8 contract has it
-      Case c = uniform_case(128, 8192, heads, 1, fp8, invariant);
-      c.q_dtype = DType::kFp8E4m3;
-      cases.push_back(c);
-    }
-  }
-  // The fp8 formats with a bf16 q (bf16 MMAs), what an engine with an fp8 cache passes.
-  for (int64_t heads : {16, 128}) {
-    if (!custom_cases.empty()) break;
-    for (KvCacheDType kv : {KvCacheDType::kFp8E4m3, KvCacheDType::kFp8DsMla}) {
-      Case c = uniform_case(128, 8192, heads, 1, kv, false);
-      c.q_dtype = DType::kBF16;
-      cases.push_back(c);
-    }
-  }
-  for (int64_t heads : {16, 32, 64, 128}) {
-    if (!custom_cases.empty()) break;
-    for (int64_t s_q : {1, 2, 4, 8}) {
-      cases.push_back(uniform_case(64, 4096, heads, s_q, KvCacheDType::kAuto, false));
-    }
-  }
+  const std::vector<Case> cases = custom_cases.empty() ? table_cases() : custom_cases;
   std::vector<Row> rows;
   for (const Case& c : cases) {
     const std::string label =
