@@ -8,6 +8,9 @@
 #   (the ones check.sh's ONLY will run; build them with cmake --build --preset cuda --target ...)
 #   EXTRA="/tmp/ab/bench_gpu_decode_base ..." also packs those programs as they are (builds of other
 #   commits for an A/B run: scripts/device/ab.sh)
+#   TESTS_ONLY=1 packs the GPU test programs alone (no bench, no CLI, no C library): what
+#   sanitize.sh runs. The ones that need two GPUs (dcp_nccl_*) stay out unless ONLY names them:
+#   on the one-GPU kinds they only skip, and with them the set is over the carry limit.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 BUILD=${BUILD:-build/cuda}
@@ -18,11 +21,14 @@ rm -rf .devbin
 mkdir -p .devbin/bin .devbin/lib
 
 found=0
-for source in tests/cuda/*_test.cpp bench/bench_gpu_*.cpp bench/bench_gpu_*.cu; do
+sources=(tests/cuda/*_test.cpp)
+[ "${TESTS_ONLY:-0}" = 1 ] || sources+=(bench/bench_gpu_*.cpp bench/bench_gpu_*.cu)
+for source in "${sources[@]}"; do
   [ -e "$source" ] || continue
   name=$(basename "$source")
   name=${name%.*}
   if [ -n "${ONLY:-}" ] && [[ " $ONLY " != *" $name "* ]]; then continue; fi
+  if [ -z "${ONLY:-}" ] && [ "${TESTS_ONLY:-0}" = 1 ] && [[ "$name" == dcp_nccl_* ]]; then continue; fi
   binary=""
   for dir in "$BUILD/tests" "$BUILD/bench"; do
     if [ -x "$dir/$name" ]; then binary="$dir/$name"; fi
@@ -41,14 +47,14 @@ for binary in ${EXTRA:-}; do
   strip --strip-unneeded ".devbin/bin/$(basename "$binary")"
 done
 # The CLI, for `mlakit info` and `mlakit run --device cuda --verify` (check.sh), when built.
-if [ -x "$BUILD/apps/mlakit/mlakit" ]; then
+if [ "${TESTS_ONLY:-0}" != 1 ] && [ -x "$BUILD/apps/mlakit/mlakit" ]; then
   cp "$BUILD/apps/mlakit/mlakit" .devbin/bin/mlakit
   strip --strip-unneeded .devbin/bin/mlakit
 fi
 
 # The C library of the Python package (its torch tests run on the device too), when built:
 #   cmake --build --preset cuda --target mlakit_c
-if [ -f "$BUILD/src/capi/libmlakit_c.so" ]; then
+if [ "${TESTS_ONLY:-0}" != 1 ] && [ -f "$BUILD/src/capi/libmlakit_c.so" ]; then
   cp -L "$BUILD/src/capi/libmlakit_c.so" .devbin/libmlakit_c.so
   strip --strip-unneeded .devbin/libmlakit_c.so
 fi
