@@ -8,7 +8,7 @@
 # as in check.sh, may skip on a one-GPU machine or without libnccl).
 #   build here: TESTS_ONLY=1 bash scripts/device/collect.sh (every GPU test program but the two-GPU
 #   ones, under the carry limit); device run: command "bash scripts/device/sanitize.sh", carry
-#   [".devbin"]. The four tools over every program took ~8 min on an H100 (2026-12-06; two calls:
+#   [".devbin"]. The four tools over every program took ~7 min on an H100 (2026-12-06; two calls:
 #   memcheck + synccheck + initcheck 125 s, racecheck 289 s).
 #   TOOLS="memcheck racecheck" / ONLY="decode_cuda_test cuda_prefill_test" narrow the runs (e.g.
 #   to split them over two device calls).
