@@ -616,7 +616,7 @@ __global__ void __launch_bounds__(Cfg::kLaunchThreads, 1)
     decode_segment_wgmma<Cfg>(p, cache_maps, q_map, make_work_item<Cfg>(p, work.row0, segment),
                               smem, full_phase, q_phase);
   }
-  bulk_wait();  // this thread's bulk stores of partial rows, if any, have completed
+  bulk_wait();  // this thread's bulk stores of staged rows, if any, have completed
 }
 
 }  // namespace mlakit::cuda::decode_sm90
