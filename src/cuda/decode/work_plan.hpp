@@ -212,7 +212,8 @@ struct WorkspaceLayout {
   int64_t segment_part;  // int32 [max_segments]: the part of each segment (the plan kernel's)
   int64_t splits;        // SplitRecord [max_split_requests]
   int64_t partial_lse;   // f32 [max_partials, rows]
-  int64_t partial_out;   // f32 [max_partials, rows, value_dim] (normalized rows)
+  int64_t partial_out;   // [max_partials, rows, value_dim] normalized rows in f32 words (sm90:
+                         // out's dtype, params.cuh's partial_dtype)
   int64_t total;         // words in all
 };
 

@@ -39,6 +39,28 @@ __device__ __forceinline__ void store4_converted(void* base, int64_t offset, Run
   }
 }
 
+// Columns [4 c, 4 c + 4) of partial row `partial_row` (partial_dtype: f32, or out's 16-bit dtype).
+__device__ __forceinline__ float4 load_partial4(const CombineParams& p, int64_t partial_row,
+                                                int c) {
+  const int64_t offset = partial_row * kCombineCols + 4 * c;
+  switch (p.partial_dtype) {
+    case RuntimeDType::kF32:
+      return *reinterpret_cast<const float4*>(static_cast<const float*>(p.partial_out) + offset);
+    case RuntimeDType::kBF16: {
+      const auto* s = reinterpret_cast<const __nv_bfloat162*>(
+          static_cast<const __nv_bfloat16*>(p.partial_out) + offset);
+      const float2 a = __bfloat1622float2(s[0]), b = __bfloat1622float2(s[1]);
+      return make_float4(a.x, a.y, b.x, b.y);
+    }
+    default: {
+      const auto* s =
+          reinterpret_cast<const __half2*>(static_cast<const __half*>(p.partial_out) + offset);
+      const float2 a = __half22float2(s[0]), b = __half22float2(s[1]);
+      return make_float4(a.x, a.y, b.x, b.y);
+    }
+  }
+}
+
 // The merged row `row` of request b from its max partial LSE `m`, weight sum `total` and NaN flag
 // (spec C.6): where its values go in out (element offset of column 0), the factor that normalizes
 // the weighted sums, and its LSE. A row no segment saw: out 0, lse -inf; a NaN partial: NaN.
@@ -113,8 +135,7 @@ __global__ void __launch_bounds__(kCombineThreads)
   for (int k = group; k < num_segments; k += groups) {
     const float wk = weight[k];
     if (wk != 0.0f) {  // -inf segments were not written
-      const float4 v = reinterpret_cast<const float4*>(
-          p.partial_out + (first + static_cast<int64_t>(k) * p.rows) * kCombineCols)[column];
+      const float4 v = load_partial4(p, first + static_cast<int64_t>(k) * p.rows, column);
       acc.x += wk * v.x;
       acc.y += wk * v.y;
       acc.z += wk * v.z;
@@ -177,11 +198,10 @@ __global__ void __launch_bounds__(kCombineThreads)
     const float w = (l == -INFINITY || m == -INFINITY || nan) ? 0.0f : expf(l - m);
     if (w == 0.0f) continue;  // -inf segments were not written; the same for every lane
     total += w;
-    const float4* v = reinterpret_cast<const float4*>(
-        p.partial_out + (first + static_cast<int64_t>(k) * p.rows) * kCombineCols);
+    const int64_t partial_row = first + static_cast<int64_t>(k) * p.rows;
 #pragma unroll
     for (int j = 0; j < kColumnsPerLane; ++j) {
-      const float4 x = v[lane + 32 * j];
+      const float4 x = load_partial4(p, partial_row, lane + 32 * j);
       acc[j].x += w * x.x;
       acc[j].y += w * x.y;
       acc[j].z += w * x.z;

@@ -528,7 +528,7 @@ __device__ __forceinline__ bool row_has_values(float l, bool bad) {
 }
 
 // Where the values of row `row` (< p.rows) of the segment go: `out` for the request's only
-// segment, else the segment's f32 partial row.
+// segment, else the segment's partial row (in partial_dtype).
 struct RowDestination {
   void* base;
   int64_t offset;  // element offset of column 0 in base
@@ -537,8 +537,7 @@ struct RowDestination {
 __device__ __forceinline__ RowDestination row_destination(const DecodeKernelParams& p,
                                                           const WorkItem& w, int row) {
   if (w.slot >= 0) {
-    return {p.partial_out, (static_cast<int64_t>(w.slot) * p.rows + row) * kDimV,
-            RuntimeDType::kF32};
+    return {p.partial_out, (static_cast<int64_t>(w.slot) * p.rows + row) * kDimV, p.partial_dtype};
   }
   const DivMod jn = fast_divmod(row, p.heads_div);  // (query, head)
   return {p.out,

@@ -425,13 +425,13 @@ __device__ __forceinline__ void decode_segment_wgmma(const DecodeKernelParams& p
   bad = report_bad_index(p, mma_barrier_or(bad));  // also publishes row_sum and row_max
   const RequestScales scales = epilogue_scales(p, w);
   bad = bad || scales.bad;
-  // Every row the segment writes is staged in shared memory in its destination's dtype (f32 for a
-  // partial row, out's for the request's only segment) and written by one bulk copy per row (out
-  // rows are 16-byte aligned: launch.cu): per-thread 4- or 8-byte stores from all CTAs at once
-  // throttled the load/store unit (ncu, B4 s_kv 32768). 16-bit rows are staged over the q tile,
-  // which the scores no longer read, so that the next segment's tiles may land in the stages while
-  // the bulk copies read; f32 rows need the stages' room.
-  const RuntimeDType staged_dtype = w.slot >= 0 ? RuntimeDType::kF32 : p.out_dtype;
+  // Every row the segment writes is staged in shared memory in its destination's dtype (a partial
+  // row's partial_dtype, out's for the request's only segment) and written by one bulk copy per row
+  // (out rows are 16-byte aligned: launch.cu): per-thread 4- or 8-byte stores from all CTAs at
+  // once throttled the load/store unit (ncu, B4 s_kv 32768). 16-bit rows are staged over the q
+  // tile, which the scores no longer read, so that the next segment's tiles may land in the stages
+  // while the bulk copies read; f32 rows need the stages' room.
+  const RuntimeDType staged_dtype = w.slot >= 0 ? p.partial_dtype : p.out_dtype;
   const int value_bytes = staged_dtype == RuntimeDType::kF32 ? 4 : 2;
   const int staged_stride = Cfg::staged_row_bytes(value_bytes);
   uint8_t* const staged_rows =  // [64][staged_stride]

@@ -148,6 +148,7 @@ DecodeKernelParams make_params(const DecodeProblem& pr, const DecodeSchedule& sc
   k.segments = reinterpret_cast<const SegmentRecord*>(ws + layout.segments);
   k.partial_out = ws + layout.partial_out;
   k.partial_lse = ws + layout.partial_lse;
+  k.partial_dtype = k.out_dtype;
 
   k.batch = static_cast<int32_t>(q.size(0));
   k.s_q = static_cast<int32_t>(q.size(1));
@@ -271,6 +272,7 @@ LaunchPlan plan_launch(const DecodeProblem& problem, const DecodeSchedule& sched
     const DecodeKernelParams& k = plan.decode;
     CombineParams& c = plan.combine;
     c.partial_out = k.partial_out;
+    c.partial_dtype = k.partial_dtype;
     c.partial_lse = k.partial_lse;
     c.splits = plan.plan.splits;
     c.num_split_requests = plan.plan.header + kHeaderSplitRequests;

@@ -53,8 +53,11 @@ struct DecodeKernelParams {
   const int32_t* part_begin;      // [num_parts + 1]
   const SegmentRecord* segments;  // [max_segments]
   // Partial results of the segments of split requests, in the caller's f32 workspace:
-  float* partial_out;  // [max_partials, rows, 512] (normalized)
+  void* partial_out;   // [max_partials, rows, 512] partial_dtype (normalized)
   float* partial_lse;  // [max_partials, rows]
+  // partial_out's dtype: out's (bf16 / f16: half the bytes each segment writes and the combine
+  // reads; the rows are rounded once more than an unsplit row), f32 for an f32 out.
+  RuntimeDType partial_dtype;
 
   int32_t batch;
   int32_t s_q;
@@ -87,7 +90,8 @@ struct DecodeKernelParams {
 };
 
 struct CombineParams {
-  const float* partial_out;           // [max_partials, rows, 512]
+  const void* partial_out;            // [max_partials, rows, 512] partial_dtype
+  RuntimeDType partial_dtype;         // DecodeKernelParams::partial_dtype
   const float* partial_lse;           // [max_partials, rows]
   const SplitRecord* splits;          // [max_split_requests]; the first *num_split_requests are set
   const int32_t* num_split_requests;  // the plan's count of split requests (in its header)
