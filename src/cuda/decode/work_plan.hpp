@@ -93,8 +93,10 @@ MLAKIT_HOST_DEVICE constexpr int64_t part_share(int64_t total_cost, int64_t part
 
 // Cost of merging the requests a balanced plan cuts, in key tiles of work, besides the segments'
 // fixed costs: the combine's launch and tail (about two tiles' time), plus per 16 query rows of a
-// request one tile (a cut request writes and re-reads 2052 bytes per row and segment; 16 rows of
-// two segments move about half a 64-key bf16 tile, at the time a tile's share of bandwidth takes).
+// request one tile (a cut request writes and re-reads 2052 bytes per row and segment with an f32
+// out; 16 rows of two segments move about half a 64-key bf16 tile, at the time a tile's share of
+// bandwidth takes). A 16-bit out's partials take 1028 bytes (sm90/params.cuh, partial_dtype); the
+// plan keeps the f32 figure, so it is independent of the output dtype.
 inline constexpr int64_t kCombineCostTiles = 2;
 inline constexpr int64_t kPartialRowsPerTile = 16;
 
