@@ -11,21 +11,29 @@ def _check(world_size, interleave):
                          f"and {interleave}")
 
 
+def _check_non_negative(name, value):
+    if value < 0:
+        raise ValueError(f"mlakit: {name} must be >= 0, got {value}")
+
+
 def dcp_owner_rank(position, world_size, interleave=1):
     """The rank holding global position `position` (>= 0)."""
     _check(world_size, interleave)
+    _check_non_negative("position", position)
     return (position // interleave) % world_size
 
 
 def dcp_local_position(position, world_size, interleave=1):
-    """The position `position` has in its owner's cache."""
+    """The position `position` (>= 0) has in its owner's cache."""
     _check(world_size, interleave)
+    _check_non_negative("position", position)
     return position // (world_size * interleave) * interleave + position % interleave
 
 
 def dcp_local_seq_len(seq_len, world_size, rank, interleave=1):
     """How many of the positions [0, seq_len) rank `rank` holds (spec B.7 with F-7 fixed)."""
     _check(world_size, interleave)
+    _check_non_negative("seq_len", seq_len)
     if not 0 <= rank < world_size:
         raise ValueError(f"mlakit: rank must be in [0, {world_size}), got {rank}")
     turn = world_size * interleave

@@ -115,6 +115,12 @@ def test_placement_helpers_match_counting():
                         sum(1 for p in held if p < length)
     with pytest.raises(ValueError, match="rank must be in"):
         mlakit.dcp_local_seq_len(5, 2, 2)
+    with pytest.raises(ValueError, match="seq_len must be >= 0"):
+        mlakit.dcp_local_seq_len(-5, 2, 0)
+    with pytest.raises(ValueError, match="position must be >= 0"):
+        mlakit.dcp_owner_rank(-1, 2)
+    with pytest.raises(ValueError, match="position must be >= 0"):
+        mlakit.dcp_local_position(-1, 2)
 
 
 def small_config(**dcp):

@@ -73,7 +73,7 @@ void check_size_matches(const char* op, const char* name, const TensorView& t, i
 }
 
 void check_inner_contiguous(const char* op, const char* name, const TensorView& t) {
-  require(t.ndim == 0 || t.shape[t.ndim - 1] <= 1 || t.strides[t.ndim - 1] == 1,
+  require(t.ndim == 0 || t.numel() == 0 || t.shape[t.ndim - 1] <= 1 || t.strides[t.ndim - 1] == 1,
           ErrorCode::kInvalidArgument, op, ": ", name,
           " must be contiguous in its last dimension, got stride ",
           t.ndim ? t.strides[t.ndim - 1] : 0);
@@ -214,6 +214,20 @@ Device common_device(const char* op, std::initializer_list<NamedTensor> tensors)
             device_text(first.tensor->device), "; all tensors must be on one device");
   }
   return first.tensor->device;
+}
+
+void check_outputs_apart(const char* op, std::initializer_list<NamedTensor> outputs,
+                         std::initializer_list<NamedTensor> inputs) {
+  for (auto o = outputs.begin(); o != outputs.end(); ++o) {
+    for (auto other = o + 1; other != outputs.end(); ++other) {
+      require(!views_overlap(*o->tensor, *other->tensor), ErrorCode::kInvalidArgument, op, ": ",
+              o->name, " must not overlap ", other->name);
+    }
+    for (const NamedTensor& in : inputs) {
+      require(!views_overlap(*o->tensor, *in.tensor), ErrorCode::kInvalidArgument, op, ": ",
+              o->name, " must not overlap ", in.name);
+    }
+  }
 }
 
 void unsupported_device(const char* op, Device device) {

@@ -145,6 +145,8 @@ void validate_concat_and_cache_mla(const TensorView& kv_c, const TensorView& k_p
             ") for kv_cache_dtype auto, got ", dtype_name(kv_cache.dtype));
   }
   check_cache_entries_disjoint(op, "kv_cache", kv_cache);
+  detail::check_outputs_apart(op, {{"kv_cache", &kv_cache}},
+                              {{"kv_c", &kv_c}, {"k_pe", &k_pe}, {"slot_mapping", &slot_mapping}});
 }
 
 // The rope parts of concat_and_cache_mla_with_q_rope: [Td, N, R] views of one dtype and shape,
@@ -169,6 +171,17 @@ void validate_q_rope(const TensorView& src, const TensorView& dst) {
   require(heads_apart && tokens_apart, ErrorCode::kInvalidArgument, op,
           ": q_rope_dst elements must not overlap, got strides ", detail::strides_string(dst),
           " for shape ", detail::shape_string(dst));
+  detail::check_outputs_apart(op, {{"q_rope_dst", &dst}}, {{"q_rope_src", &src}});
+}
+
+// A gather's dst shares no memory with what it reads (check_outputs_apart).
+void check_gather_dst_apart(const char* op, const TensorView& dst, const TensorView& src_cache,
+                            const TensorView& block_table, const TensorView& cu_seq_lens,
+                            const std::optional<TensorView>& seq_starts) {
+  detail::check_outputs_apart(
+      op, {{"dst", &dst}},
+      {{"src_cache", &src_cache}, {"block_table", &block_table}, {"cu_seq_lens", &cu_seq_lens}});
+  if (seq_starts) detail::check_outputs_apart(op, {{"dst", &dst}}, {{"seq_starts", &*seq_starts}});
 }
 
 // Everything but the scale (checked by the caller).
@@ -210,6 +223,8 @@ void validate_gather_and_maybe_dequant_cache(const TensorView& src_cache, const 
           ErrorCode::kInvalidArgument, op,
           ": num_tokens must be in [0, min(dst.shape[0] = ", dst.size(0),
           ", token_to_seq.shape[0] = ", token_to_seq.size(0), ")], got ", num_tokens);
+  check_gather_dst_apart(op, dst, src_cache, block_table, cu_seq_lens, seq_starts);
+  detail::check_outputs_apart(op, {{"dst", &dst}}, {{"token_to_seq", &token_to_seq}});
 }
 
 void validate_cp_gather_cache(const TensorView& src_cache, const TensorView& dst,
@@ -236,6 +251,7 @@ void validate_cp_gather_cache(const TensorView& src_cache, const TensorView& dst
           ": batch_size must be in [0, cu_seq_lens.shape[0] - 1 = ", cu_seq_lens.size(0) - 1,
           "], got ", batch_size);
   check_gather_indices(op, block_table, cu_seq_lens, seq_starts, batch_size);
+  check_gather_dst_apart(op, dst, src_cache, block_table, cu_seq_lens, seq_starts);
 }
 
 // src: [rows, entry_width] rows of a cache's entries; dst: [>= num_tokens, L + R] activations.
@@ -271,6 +287,7 @@ void validate_gather_rows_and_maybe_dequant(const TensorView& src, const TensorV
   }
   check_index_tensor(op, "row_index", row_index, 1, DType::kI32);
   detail::check_min_size(op, "dst", dst, 0, row_index.size(0));
+  detail::check_outputs_apart(op, {{"dst", &dst}}, {{"src", &src}, {"row_index", &row_index}});
 }
 
 }  // namespace

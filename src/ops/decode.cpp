@@ -309,6 +309,10 @@ DecodeProblem validate_tensors(const TensorView& q, const TensorView& kv_cache,
   const DecodeScaleTensor k_scales = scale_tensor("k_scale", params.k_scale_tensor, q, out, lse);
   if (!params.k_scale_tensor) detail::check_positive_finite(kOp, "k_scale", params.k_scale);
 
+  detail::check_outputs_apart(
+      kOp, {{"out", &out}, {"lse", &lse}},
+      {{"q", &q}, {"kv_cache", &kv_cache}, {"block_table", &block_table}, {"seq_lens", &seq_lens}});
+
   DecodeProblem p;
   p.q = q;
   p.kv_cache = kv_cache;
@@ -353,6 +357,13 @@ void validate_schedule(DecodeProblem& p, Device device, const DecodeSchedule& sc
   require(workspace.numel() >= needed, ErrorCode::kInvalidArgument, kOp,
           ": split_workspace must hold at least ", needed,
           " f32 elements (mla_decode_workspace_elems of the schedule), got ", workspace.numel());
+  detail::check_outputs_apart(kOp, {{"split_workspace", &workspace}},
+                              {{"q", &p.q},
+                               {"kv_cache", &p.kv_cache},
+                               {"block_table", &p.block_table},
+                               {"seq_lens", &p.seq_lens},
+                               {"out", &p.out},
+                               {"lse", &p.lse}});
   p.workspace = workspace.data_as<float>();
 }
 

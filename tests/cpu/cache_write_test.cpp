@@ -211,6 +211,23 @@ TEST(ConcatAndCacheMla, AllTokensSkippedLeavesCacheUntouched) {
   run_write_case({.num_tokens = 0, .stream = 601});
 }
 
+// NumPy 2 gives a zero-size array zero strides (stress finding: an empty step failed with "must be
+// contiguous in its last dimension, got stride 0"): no token, nothing written.
+TEST(ConcatAndCacheMla, EmptyViewsWithZeroStridesAreANoOp) {
+  uint16_t none[1] = {0};
+  Tensor cache = test::nan_tensor({2, 4, 576}, DType::kBF16);
+  const std::vector<uint8_t> before(cache.data<uint8_t>(),
+                                    cache.data<uint8_t>() + cache.numel() * 2);
+  const TensorView kv_c = TensorView::strided(none, DType::kBF16, {0, 512}, {0, 0});
+  const TensorView k_pe = TensorView::strided(none, DType::kBF16, {0, 64}, {0, 0});
+  const TensorView slots = TensorView::strided(none, DType::kI64, {0}, {0});
+  EXPECT_NO_THROW(ops::concat_and_cache_mla(kv_c, k_pe, cache, slots, KvCacheDType::kAuto, 1.0f));
+  EXPECT_EQ(0, std::memcmp(before.data(), cache.data<uint8_t>(), before.size()));
+  const TensorView no_blocks = TensorView::strided(none, DType::kBF16, {0, 4, 576}, {0, 0, 0});
+  EXPECT_NO_THROW(
+      ops::concat_and_cache_mla(kv_c, k_pe, no_blocks, slots, KvCacheDType::kAuto, 1.0f));
+}
+
 // ---- bad input ----------------------------------------------------------------------------------
 
 struct WriteArgs {

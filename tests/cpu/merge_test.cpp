@@ -233,6 +233,15 @@ TEST(MergeAttnStates, EmptyTensorsAreANoOp) {
   EXPECT_NO_THROW(ops::merge_attn_states(states, lse.view(), states, lse, states, lse));
 }
 
+// NumPy 2 gives a zero-size array zero strides: such views read nothing and are accepted (stress
+// finding: "must be contiguous in its last dimension, got stride 0").
+TEST(MergeAttnStates, EmptyViewsWithZeroStridesAreANoOp) {
+  float storage[1] = {0.0f};
+  const TensorView states = TensorView::strided(storage, DType::kF32, {0, 4, 16}, {0, 0, 0});
+  const TensorView lse = TensorView::strided(storage, DType::kF32, {4, 0}, {0, 0});
+  EXPECT_NO_THROW(ops::merge_attn_states(states, lse, states, lse, states, lse));
+}
+
 // D = 0: the states have no element and may have no data pointer (the kernel must not offset
 // one: fuzz finding, undefined behaviour); the merged LSE is still written.
 TEST(MergeAttnStates, ZeroWidthStatesStillMergeTheLse) {
