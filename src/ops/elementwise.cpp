@@ -18,6 +18,7 @@ void copy(const TensorView& src, const TensorView& dst, [[maybe_unused]] Stream 
                   ": src and dst must have the same rank, got ", detail::view_text(src), " and ",
                   detail::view_text(dst));
   for (int d = 0; d < src.ndim; ++d) detail::check_size(kOp, "dst", dst, d, src.shape[d]);
+  detail::check_outputs_apart(kOp, {{"dst", &dst}}, {{"src", &src}});
   if (!(src.device == dst.device)) {  // a transfer: raw bytes, same dtype, dense on both sides
     detail::require(src.dtype == dst.dtype, ErrorCode::kInvalidArgument, kOp,
                     ": a copy between devices keeps the dtype, got ", dtype_name(src.dtype), " to ",

@@ -34,6 +34,7 @@ Device validate_quant(const char* op, const TensorView& input, const TensorView&
   detail::check_ndim(op, "out", out, input.ndim);
   for (int d = 0; d < input.ndim; ++d)
     detail::check_size_matches(op, "out", out, d, "input", input, d, "out has input's shape");
+  detail::check_outputs_apart(op, {{"out", &out}}, {{"input", &input}});
   return device;
 }
 

@@ -96,6 +96,7 @@ BatchedGemm describe_batched_matmul(const TensorView& a, const TensorView& w, co
   check_storage(kOp, "w", w);
   check_storage(kOp, "c", c);
   common_device(kOp, {{"a", &a}, {"w", &w}, {"c", &c}});
+  check_outputs_apart(kOp, {{"c", &c}}, {{"a", &a}, {"w", &w}});
   check_float_activation(kOp, "a", a);
   check_float_activation(kOp, "w", w);
   check_float_activation(kOp, "c", c);

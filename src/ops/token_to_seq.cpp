@@ -26,6 +26,8 @@ void fill_token_to_seq(const TensorView& cu_seq_lens, const TensorView& token_to
     detail::check_ndim(kOp, name, *t, 1);
     detail::check_dtype(kOp, name, *t, {DType::kI32});
   }
+  detail::check_outputs_apart(kOp, {{"token_to_seq", &token_to_seq}},
+                              {{"cu_seq_lens", &cu_seq_lens}});
   require(cu_seq_lens.shape[0] >= 1, ErrorCode::kInvalidArgument, kOp,
           ": cu_seq_lens must have B + 1 >= 1 entries, got 0");
   require(num_tokens >= 0, ErrorCode::kInvalidArgument, kOp, ": num_tokens must be >= 0, got ",
