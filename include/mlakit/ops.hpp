@@ -64,7 +64,9 @@ void concat_and_cache_mla(const TensorView& kv_c, const TensorView& k_pe,
 // pos = t - cu_seq_lens[b] + (seq_starts ? seq_starts[b] : 0), i.e. from block
 // block_table[b, pos / block_size]; the column is checked against the table width, the block id
 // against num_blocks. Entries are dequantized (fp8: value * scale; ds_mla: tile scales) to dst's
-// dtype (f32, f16 or bf16).
+// dtype (f32, f16 or bf16). fp8_ds_mla rope values are copied bit for bit: dst must have the
+// 16-bit dtype the cache was written from (the 656-byte entry does not record it, so a bf16-written
+// cache read into an f16 dst reinterprets the rope bits; the caller keeps the two alike).
 // src_cache:    [num_blocks, block_size, entry_width]
 // dst:          [>= num_tokens, L + R], row stride may exceed L + R
 // block_table:  i32 [B, max_blocks]
