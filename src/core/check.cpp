@@ -218,15 +218,14 @@ Device common_device(const char* op, std::initializer_list<NamedTensor> tensors)
 
 void check_outputs_apart(const char* op, std::initializer_list<NamedTensor> outputs,
                          std::initializer_list<NamedTensor> inputs) {
+  auto apart = [&](const NamedTensor& out, const NamedTensor& other) {
+    require(out.tensor == nullptr || other.tensor == nullptr ||
+                !views_overlap(*out.tensor, *other.tensor),
+            ErrorCode::kInvalidArgument, op, ": ", out.name, " must not overlap ", other.name);
+  };
   for (auto o = outputs.begin(); o != outputs.end(); ++o) {
-    for (auto other = o + 1; other != outputs.end(); ++other) {
-      require(!views_overlap(*o->tensor, *other->tensor), ErrorCode::kInvalidArgument, op, ": ",
-              o->name, " must not overlap ", other->name);
-    }
-    for (const NamedTensor& in : inputs) {
-      require(!views_overlap(*o->tensor, *in.tensor), ErrorCode::kInvalidArgument, op, ": ",
-              o->name, " must not overlap ", in.name);
-    }
+    for (auto other = o + 1; other != outputs.end(); ++other) apart(*o, *other);
+    for (const NamedTensor& in : inputs) apart(*o, in);
   }
 }
 

@@ -100,7 +100,8 @@ struct NamedTensor {
 Device common_device(const char* op, std::initializer_list<NamedTensor> tensors);
 // An op's outputs must share no memory with each other or with its inputs: its kernels read the
 // inputs while writing the outputs, in an order of their own, so an overlap would give a result
-// that depends on that order. Empty views touch nothing (views_overlap).
+// that depends on that order. Empty views touch nothing (views_overlap); a null `tensor` (an
+// absent optional argument) is skipped.
 void check_outputs_apart(const char* op, std::initializer_list<NamedTensor> outputs,
                          std::initializer_list<NamedTensor> inputs);
 // Throws kUnsupported: `op` has no kernel for `device` in this build.

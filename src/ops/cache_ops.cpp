@@ -174,16 +174,6 @@ void validate_q_rope(const TensorView& src, const TensorView& dst) {
   detail::check_outputs_apart(op, {{"q_rope_dst", &dst}}, {{"q_rope_src", &src}});
 }
 
-// A gather's dst shares no memory with what it reads (check_outputs_apart).
-void check_gather_dst_apart(const char* op, const TensorView& dst, const TensorView& src_cache,
-                            const TensorView& block_table, const TensorView& cu_seq_lens,
-                            const std::optional<TensorView>& seq_starts) {
-  detail::check_outputs_apart(
-      op, {{"dst", &dst}},
-      {{"src_cache", &src_cache}, {"block_table", &block_table}, {"cu_seq_lens", &cu_seq_lens}});
-  if (seq_starts) detail::check_outputs_apart(op, {{"dst", &dst}}, {{"seq_starts", &*seq_starts}});
-}
-
 // Everything but the scale (checked by the caller).
 void validate_gather_and_maybe_dequant_cache(const TensorView& src_cache, const TensorView& dst,
                                              const TensorView& block_table,
@@ -223,8 +213,12 @@ void validate_gather_and_maybe_dequant_cache(const TensorView& src_cache, const 
           ErrorCode::kInvalidArgument, op,
           ": num_tokens must be in [0, min(dst.shape[0] = ", dst.size(0),
           ", token_to_seq.shape[0] = ", token_to_seq.size(0), ")], got ", num_tokens);
-  check_gather_dst_apart(op, dst, src_cache, block_table, cu_seq_lens, seq_starts);
-  detail::check_outputs_apart(op, {{"dst", &dst}}, {{"token_to_seq", &token_to_seq}});
+  detail::check_outputs_apart(op, {{"dst", &dst}},
+                              {{"src_cache", &src_cache},
+                               {"block_table", &block_table},
+                               {"cu_seq_lens", &cu_seq_lens},
+                               {"token_to_seq", &token_to_seq},
+                               {"seq_starts", seq_starts ? &*seq_starts : nullptr}});
 }
 
 void validate_cp_gather_cache(const TensorView& src_cache, const TensorView& dst,
@@ -251,7 +245,11 @@ void validate_cp_gather_cache(const TensorView& src_cache, const TensorView& dst
           ": batch_size must be in [0, cu_seq_lens.shape[0] - 1 = ", cu_seq_lens.size(0) - 1,
           "], got ", batch_size);
   check_gather_indices(op, block_table, cu_seq_lens, seq_starts, batch_size);
-  check_gather_dst_apart(op, dst, src_cache, block_table, cu_seq_lens, seq_starts);
+  detail::check_outputs_apart(op, {{"dst", &dst}},
+                              {{"src_cache", &src_cache},
+                               {"block_table", &block_table},
+                               {"cu_seq_lens", &cu_seq_lens},
+                               {"seq_starts", seq_starts ? &*seq_starts : nullptr}});
 }
 
 // src: [rows, entry_width] rows of a cache's entries; dst: [>= num_tokens, L + R] activations.

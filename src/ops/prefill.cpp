@@ -80,17 +80,13 @@ void check_prefill_layout(const TensorView& q, const TensorView& k_nope, const T
     check_size_matches(kOp, "lse", *lse, 1, "q", q, 0, "tokens T");
   }
   check_positive_finite(kOp, "scale", scale);
-  const std::initializer_list<NamedTensor> inputs = {{"q", &q},
-                                                     {"k_nope", &k_nope},
-                                                     {"k_pe", &k_pe},
-                                                     {"v", &v},
-                                                     {"cu_seqlens_q", &cu_seqlens_q},
-                                                     {"cu_seqlens_k", &cu_seqlens_k}};
-  if (lse) {
-    check_outputs_apart(kOp, {{"out", &out}, {"lse", &*lse}}, inputs);
-  } else {
-    check_outputs_apart(kOp, {{"out", &out}}, inputs);
-  }
+  check_outputs_apart(kOp, {{"out", &out}, {"lse", lse ? &*lse : nullptr}},
+                      {{"q", &q},
+                       {"k_nope", &k_nope},
+                       {"k_pe", &k_pe},
+                       {"v", &v},
+                       {"cu_seqlens_q", &cu_seqlens_q},
+                       {"cu_seqlens_k", &cu_seqlens_k}});
 }
 
 // Host copy of a cu_seqlens tensor, checked: starts at 0, non-decreasing, last entry <= limit,
