@@ -39,26 +39,60 @@ __device__ __forceinline__ void store4_converted(void* base, int64_t offset, Run
   }
 }
 
-// Columns [4 c, 4 c + 4) of partial row `partial_row` (partial_dtype: f32, or out's 16-bit dtype).
-__device__ __forceinline__ float4 load_partial4(const CombineParams& p, int64_t partial_row,
-                                                int c) {
-  const int64_t offset = partial_row * kCombineCols + 4 * c;
+// Calls fn(load) with `load(partial_row, c)` returning columns [4 c, 4 c + 4) of a partial row in
+// f32, for the partials' dtype (partial_dtype: f32, or out's 16-bit dtype): the switch on the
+// dtype stays out of the loops over segments (as kernel_common.cuh's with_pair_store).
+template <class Fn>
+__device__ __forceinline__ void with_partial_load(const CombineParams& p, Fn&& fn) {
+  auto pairs = [&](auto element, auto to_float2) {
+    using Element = decltype(element);
+    const auto* base = static_cast<const Element*>(p.partial_out);
+    fn([=](int64_t partial_row, int c) {
+      const Element* v = base + partial_row * kCombineCols + 4 * c;  // 8 bytes
+      const float2 a = to_float2(v), b = to_float2(v + 2);
+      return make_float4(a.x, a.y, b.x, b.y);
+    });
+  };
   switch (p.partial_dtype) {
-    case RuntimeDType::kF32:
-      return *reinterpret_cast<const float4*>(static_cast<const float*>(p.partial_out) + offset);
-    case RuntimeDType::kBF16: {
-      const auto* s = reinterpret_cast<const __nv_bfloat162*>(
-          static_cast<const __nv_bfloat16*>(p.partial_out) + offset);
-      const float2 a = __bfloat1622float2(s[0]), b = __bfloat1622float2(s[1]);
-      return make_float4(a.x, a.y, b.x, b.y);
+    case RuntimeDType::kF32: {
+      const auto* base = static_cast<const float*>(p.partial_out);
+      fn([=](int64_t partial_row, int c) {
+        return *reinterpret_cast<const float4*>(base + partial_row * kCombineCols + 4 * c);
+      });
+      break;
     }
-    default: {
-      const auto* s =
-          reinterpret_cast<const __half2*>(static_cast<const __half*>(p.partial_out) + offset);
-      const float2 a = __half22float2(s[0]), b = __half22float2(s[1]);
-      return make_float4(a.x, a.y, b.x, b.y);
+    case RuntimeDType::kBF16:
+      pairs(__nv_bfloat16{}, [](const __nv_bfloat16* v) {
+        return __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(v));
+      });
+      break;
+    default:
+      pairs(__half{},
+            [](const __half* v) { return __half22float2(*reinterpret_cast<const __half2*>(v)); });
+      break;
+  }
+}
+
+// Sum over segments k = group, group + groups, ... < num_segments of weight[k] times float4 column
+// `column` of partial row first + k * rows (`load`: with_partial_load's), skipping zero weights
+// (-inf segments were not written).
+template <class Load>
+__device__ __forceinline__ float4 weighted_column_sum(const Load& load, const float* weight,
+                                                      int64_t first, int rows, int group,
+                                                      int groups, int num_segments, int column) {
+  float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll 8
+  for (int k = group; k < num_segments; k += groups) {
+    const float wk = weight[k];
+    if (wk != 0.0f) {
+      const float4 v = load(first + static_cast<int64_t>(k) * rows, column);
+      acc.x += wk * v.x;
+      acc.y += wk * v.y;
+      acc.z += wk * v.z;
+      acc.w += wk * v.w;
     }
   }
+  return acc;
 }
 
 // The merged row `row` of request b from its max partial LSE `m`, weight sum `total` and NaN flag
@@ -130,18 +164,11 @@ __global__ void __launch_bounds__(kCombineThreads)
   const int groups = 2 * slices;
   const int group = t / width, c = t % width;
   const int column = slice * width + c;  // this thread's float4 of the row
-  float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
-#pragma unroll 8
-  for (int k = group; k < num_segments; k += groups) {
-    const float wk = weight[k];
-    if (wk != 0.0f) {  // -inf segments were not written
-      const float4 v = load_partial4(p, first + static_cast<int64_t>(k) * p.rows, column);
-      acc.x += wk * v.x;
-      acc.y += wk * v.y;
-      acc.z += wk * v.z;
-      acc.w += wk * v.w;
-    }
-  }
+  float4 acc;
+  const float* const weights = weight;  // (a capture of the array itself reads as unused to gcc)
+  with_partial_load(p, [&](auto load) {
+    acc = weighted_column_sum(load, weights, first, p.rows, group, groups, num_segments, column);
+  });
   if (group > 0) partial_sum[(group - 1) * width + c] = acc;
   __syncthreads();
   if (group != 0) return;
@@ -192,22 +219,24 @@ __global__ void __launch_bounds__(kCombineThreads)
   float4 acc[kColumnsPerLane];
 #pragma unroll
   for (int j = 0; j < kColumnsPerLane; ++j) acc[j] = make_float4(0.f, 0.f, 0.f, 0.f);
+  with_partial_load(p, [&](auto load) {
 #pragma unroll 2
-  for (int k = 0; k < num_segments; ++k) {
-    const float l = lse_of(k);
-    const float w = (l == -INFINITY || m == -INFINITY || nan) ? 0.0f : expf(l - m);
-    if (w == 0.0f) continue;  // -inf segments were not written; the same for every lane
-    total += w;
-    const int64_t partial_row = first + static_cast<int64_t>(k) * p.rows;
+    for (int k = 0; k < num_segments; ++k) {
+      const float l = lse_of(k);
+      const float w = (l == -INFINITY || m == -INFINITY || nan) ? 0.0f : expf(l - m);
+      if (w == 0.0f) continue;  // -inf segments were not written; the same for every lane
+      total += w;
+      const int64_t partial_row = first + static_cast<int64_t>(k) * p.rows;
 #pragma unroll
-    for (int j = 0; j < kColumnsPerLane; ++j) {
-      const float4 x = load_partial4(p, partial_row, lane + 32 * j);
-      acc[j].x += w * x.x;
-      acc[j].y += w * x.y;
-      acc[j].z += w * x.z;
-      acc[j].w += w * x.w;
+      for (int j = 0; j < kColumnsPerLane; ++j) {
+        const float4 x = load(partial_row, lane + 32 * j);
+        acc[j].x += w * x.x;
+        acc[j].y += w * x.y;
+        acc[j].z += w * x.z;
+        acc[j].w += w * x.w;
+      }
     }
-  }
+  });
   const MergedRow out = finish_merged_row(p, b, row, m, total, nan, lane == 0);
 #pragma unroll
   for (int c = 0; c < kColumnsPerLane; ++c) {
