@@ -3,8 +3,11 @@
 // index tensors (block tables, slot mappings, lengths) too. Bad input throws mlakit::Error naming
 // the op and the argument; nothing is read or written out of bounds. An op's outputs share no
 // memory with its inputs or with each other ("out must not overlap lse"; merge_attn_states alone
-// allows out to be one of its inputs exactly, for in-place merging). A view with no element is
-// accepted whatever its strides (NumPy 2 gives a zero-size array zero strides).
+// allows out to be one of its inputs exactly, for in-place merging), and no output overlaps itself
+// (a stride 0 on a dimension of size > 1, or rows closer than their width: "out must not overlap
+// itself"; the test is a sufficient one, so a few unique interleaved layouts are refused too). A
+// view with no element is accepted whatever its strides (NumPy 2 gives a zero-size array zero
+// strides).
 //
 // Parameter names are those of the C ABI (mlakit.h) and of the Python package (vLLM's), so that
 // an error message names the argument the same way in every language.

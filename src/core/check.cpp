@@ -1,5 +1,7 @@
 #include "core/check.hpp"
 
+#include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -216,6 +218,36 @@ Device common_device(const char* op, std::initializer_list<NamedTensor> tensors)
   return first.tensor->device;
 }
 
+bool has_unique_addresses(const TensorView& t) {
+  if (t.data == nullptr || t.ndim < 0 || t.ndim > kMaxDims || t.numel() <= 0) return true;
+  std::array<int, kMaxDims> dims{};
+  int count = 0;
+  for (int d = 0; d < t.ndim; ++d) {
+    if (t.strides[d] < 0) return true;  // check_storage's to report
+    if (t.shape[d] > 1) dims[count++] = d;
+  }
+  for (int i = 1; i < count; ++i)  // insertion sort by stride (at most kMaxDims entries)
+    for (int j = i; j > 0 && t.strides[dims[j]] < t.strides[dims[j - 1]]; --j)
+      std::swap(dims[j], dims[j - 1]);
+  int64_t max_offset = -1;  // the last offset the smaller dimensions reach (-1: none yet)
+  for (int i = 0; i < count; ++i) {
+    const int d = dims[i];
+    if (t.strides[d] == 0 || t.strides[d] <= max_offset) return false;
+    int64_t step = 0;
+    if (__builtin_mul_overflow(t.shape[d] - 1, t.strides[d], &step) ||
+        __builtin_add_overflow(std::max<int64_t>(max_offset, 0), step, &max_offset)) {
+      return true;  // an extent past int64: check_storage's to report
+    }
+  }
+  return true;
+}
+
+void check_no_self_overlap(const char* op, const char* name, const TensorView& t) {
+  require(has_unique_addresses(t), ErrorCode::kInvalidArgument, op, ": ", name,
+          " must not overlap itself (each output element needs its own storage), got shape ",
+          shape_string(t), " with strides ", strides_string(t));
+}
+
 void check_outputs_apart(const char* op, std::initializer_list<NamedTensor> outputs,
                          std::initializer_list<NamedTensor> inputs) {
   auto apart = [&](const NamedTensor& out, const NamedTensor& other) {
@@ -224,6 +256,7 @@ void check_outputs_apart(const char* op, std::initializer_list<NamedTensor> outp
             ErrorCode::kInvalidArgument, op, ": ", out.name, " must not overlap ", other.name);
   };
   for (auto o = outputs.begin(); o != outputs.end(); ++o) {
+    if (o->tensor != nullptr) check_no_self_overlap(op, o->name, *o->tensor);
     for (auto other = o + 1; other != outputs.end(); ++other) apart(*o, *other);
     for (const NamedTensor& in : inputs) apart(*o, in);
   }

@@ -98,10 +98,21 @@ struct NamedTensor {
 };
 // All tensors of one op call must be on one device; returns it (kCpu for an empty list).
 Device common_device(const char* op, std::initializer_list<NamedTensor> tensors);
-// An op's outputs must share no memory with each other or with its inputs: its kernels read the
-// inputs while writing the outputs, in an order of their own, so an overlap would give a result
-// that depends on that order. Empty views touch nothing (views_overlap); a null `tensor` (an
-// absent optional argument) is skipped.
+// True when distinct indices of `t` address distinct elements, by a sufficient condition: ordered
+// by stride, every dimension of size > 1 steps past the last element the smaller ones reach. (A
+// few interleaved layouts that are unique, e.g. shape [3, 3] with strides [3, 2], fail it.) Empty
+// views, and views no check has accepted yet (null data, negative strides), count as unique: their
+// own checks report them.
+bool has_unique_addresses(const TensorView& t);
+// An output whose indices collide (a stride 0 on a dimension of size > 1, or rows closer than
+// their width) would be written by several kernel threads at once, in an order of their own:
+// "<op>: <name> must not overlap itself (each output element needs its own storage), got shape
+// [..] with strides [..]". Zero-size views are accepted whatever their strides.
+void check_no_self_overlap(const char* op, const char* name, const TensorView& t);
+// An op's outputs must share no memory with each other or with its inputs, nor overlap themselves
+// (check_no_self_overlap): its kernels read the inputs while writing the outputs, in an order of
+// their own, so an overlap would give a result that depends on that order. Empty views touch
+// nothing (views_overlap); a null `tensor` (an absent optional argument) is skipped.
 void check_outputs_apart(const char* op, std::initializer_list<NamedTensor> outputs,
                          std::initializer_list<NamedTensor> inputs);
 // Throws kUnsupported: `op` has no kernel for `device` in this build.

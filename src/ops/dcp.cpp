@@ -62,6 +62,9 @@ void dcp_slot_mapping(const TensorView& positions, const TensorView& token_to_re
   detail::check_storage(kSlotOp, "block_table", block_table);
   detail::check_ndim(kSlotOp, "block_table", block_table, 2);
   detail::check_dtype(kSlotOp, "block_table", block_table, {DType::kI32});
+  detail::check_outputs_apart(
+      kSlotOp, {{"slot_mapping", &slot_mapping}},
+      {{"positions", &positions}, {"token_to_req", &token_to_req}, {"block_table", &block_table}});
   if (device.is_cuda()) {
 #ifdef MLAKIT_WITH_CUDA
     return cuda::dcp_slot_mapping(positions, token_to_req, block_table, block_size, dcp,
@@ -89,6 +92,7 @@ void dcp_lse_combine(const TensorView& partial_out, const TensorView& partial_ls
                      out.shape[0]);
   detail::check_size(kCombineOp, "partial_lse_tokens_heads", partial_lse_tokens_heads, 2,
                      out.shape[1]);
+  detail::check_no_self_overlap(kCombineOp, "out", out);
   require(!views_overlap(out, partial_out), ErrorCode::kInvalidArgument, kCombineOp,
           ": out must not overlap partial_out");
   Device device =
@@ -100,6 +104,7 @@ void dcp_lse_combine(const TensorView& partial_out, const TensorView& partial_ls
     check_lse(kCombineOp, "out_lse_tokens_heads", lse, 2);
     detail::check_size(kCombineOp, "out_lse_tokens_heads", lse, 0, out.shape[0]);
     detail::check_size(kCombineOp, "out_lse_tokens_heads", lse, 1, out.shape[1]);
+    detail::check_no_self_overlap(kCombineOp, "out_lse_tokens_heads", lse);
     require(!views_overlap(lse, partial_lse_tokens_heads) && !views_overlap(lse, out) &&
                 !views_overlap(lse, partial_out),
             ErrorCode::kInvalidArgument, kCombineOp,
@@ -136,6 +141,7 @@ void dcp_lse_correct(const TensorView& partial_out, const TensorView& all_lse_to
   detail::check_size(kCorrectOp, "corrected", corrected, 1, w);
   detail::check_size(kCorrectOp, "corrected", corrected, 2, heads / w);
   detail::check_size(kCorrectOp, "corrected", corrected, 3, partial_out.shape[2]);
+  detail::check_no_self_overlap(kCorrectOp, "corrected", corrected);
   require(!views_overlap(corrected, partial_out) && !views_overlap(corrected, all_lse_tokens_heads),
           ErrorCode::kInvalidArgument, kCorrectOp,
           ": corrected must not overlap partial_out or all_lse_tokens_heads");

@@ -2,7 +2,6 @@
 #include "ops/matmul.hpp"
 
 #include <algorithm>
-#include <array>
 #include <climits>
 #include <optional>
 #include <ostream>
@@ -48,25 +47,6 @@ GemmOperand blas_matrix(const char* name, const TensorView& t) {
           ", or stride 1 in its second-to-last dimension and a column stride >= ", t.shape[1],
           "), got shape ", shape_string(t), " with strides ", strides_string(t));
   return *op;
-}
-
-// Sufficient condition for "every index has its own element": ordered by stride, each dimension
-// of size > 1 steps past the last element reachable through the smaller ones.
-bool has_no_self_overlap(const TensorView& t) {
-  std::array<int, kMaxDims> dims{};
-  int count = 0;
-  for (int d = 0; d < t.ndim; ++d)
-    if (t.shape[d] > 1) dims[count++] = d;
-  for (int i = 1; i < count; ++i)  // insertion sort by stride (at most kMaxDims entries)
-    for (int j = i; j > 0 && t.strides[dims[j]] < t.strides[dims[j - 1]]; --j)
-      std::swap(dims[j], dims[j - 1]);
-  int64_t max_offset = -1;  // of the smaller dimensions seen so far (-1: none yet)
-  for (int i = 0; i < count; ++i) {
-    const int d = dims[i];
-    if (t.strides[d] <= max_offset || t.strides[d] == 0) return false;
-    max_offset = std::max<int64_t>(max_offset, 0) + (t.shape[d] - 1) * t.strides[d];
-  }
-  return true;
 }
 
 // " (a [..], w [..], c [..])" for messages, formatted only when a check fails (this runs on every
@@ -121,9 +101,6 @@ BatchedGemm describe_batched_matmul(const TensorView& a, const TensorView& w, co
   g.a = blas_matrix("a", a);
   g.w = blas_matrix("w", w);
   g.c = blas_matrix("c", c);
-  require(c.numel() == 0 || has_no_self_overlap(c), ErrorCode::kInvalidArgument, kOp,
-          ": c must not overlap itself (each output element needs its own storage), got shape ",
-          shape_string(c), " with strides ", strides_string(c));
 
   check_blas_int("M", g.m);
   check_blas_int("Ncol", g.n);

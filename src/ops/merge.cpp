@@ -106,6 +106,7 @@ void merge_attn_states(const TensorView& output, const std::optional<TensorView>
   check_state_shapes(output, prefix_output, suffix_output);
   check_lse("prefix_lse", prefix_lse, output);
   check_lse("suffix_lse", suffix_lse, output);
+  detail::check_no_self_overlap(kOp, "output", output);
   check_alias("output", output, "prefix_output", prefix_output);
   check_alias("output", output, "suffix_output", suffix_output);
   Device device = detail::common_device(kOp, {{"output", &output},
@@ -116,6 +117,7 @@ void merge_attn_states(const TensorView& output, const std::optional<TensorView>
   if (output_lse) {
     const TensorView& lse = *output_lse;
     check_lse("output_lse", lse, output);
+    detail::check_no_self_overlap(kOp, "output_lse", lse);
     check_alias("output_lse", lse, "prefix_lse", prefix_lse);
     check_alias("output_lse", lse, "suffix_lse", suffix_lse);
     check_alias("output_lse", lse, "output", output);
