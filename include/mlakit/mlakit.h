@@ -240,7 +240,8 @@ typedef struct mlakit_decode_plan_shape {
   int32_t batch_invariant; /* nonzero: pieces depend on each request's own seq_len only */
 } mlakit_decode_plan_shape_t;
 /* The schedule the library chooses for `shape` on its device (what mlakit_mla_decode and the
- * attention layer use). The CPU plans from seq_lens (host int32 [batch], required); a CUDA
+ * attention layer use). The CPU plans from seq_lens (host int32 [batch], required; a seq_len
+ * above max_seq_len returns MLAKIT_ERROR_INVALID_ARGUMENT naming its index); a CUDA
  * schedule depends on the shape only (seq_lens may be NULL): the GPU cuts the keys at run time, so
  * the schedule serves any lengths up to max_seq_len (a longer seq_len gives NaN rows and the
  * device error word) and any block tables, also in a captured CUDA graph. */

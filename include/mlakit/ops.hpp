@@ -204,9 +204,9 @@ struct DecodePlanShape {
   bool batch_invariant = false;  // a request's splits depend on its own seq_len only
 };
 // seq_lens: host copy of the [B] lengths. The CPU plans from them (they must then be the values
-// the decode will read); the GPU schedule depends on the shape only (seq_lens may be empty), so a
-// captured CUDA graph serves any lengths up to max_seq_len (a longer one is a bad index: NaN rows
-// and the device error word).
+// the decode will read; one above max_seq_len throws kInvalidArgument naming its index); the GPU
+// schedule depends on the shape only (seq_lens may be empty), so a captured CUDA graph serves any
+// lengths up to max_seq_len (a longer one is a bad index: NaN rows and the device error word).
 DecodeSchedule plan_mla_decode(const DecodePlanShape& shape, std::span<const int32_t> seq_lens);
 // Plans ahead, for schedules the device plans at run time (kDevicePlanned): writes the work plan
 // for the device seq_lens into split_workspace now, on `stream`, and returns the schedule marked

@@ -281,7 +281,8 @@ class DecodeSchedule:
 def plan_mla_decode(device, batch, s_q, num_heads, block_size, max_seq_len, seq_lens=None,
                     batch_invariant=False):
     """The schedule the library chooses for one mla_decode call on `device` ('cpu', 'cuda',
-    'cuda:<index>' or a torch.device). The CPU plans from seq_lens (host int32 [batch], required).
+    'cuda:<index>' or a torch.device). The CPU plans from seq_lens (host int32 [batch], required;
+    one above max_seq_len raises ValueError).
     A CUDA schedule depends on the shape only (seq_lens is ignored): the GPU cuts the keys into
     near-equal shares at run time, so the schedule and its workspace serve any lengths up to
     max_seq_len (e.g. block_table width * block_size) and can be captured in a CUDA graph.

@@ -1,5 +1,7 @@
 """mla_decode and scaled_fp8_quant from NumPy against the fp64 MQA reference of reference.py."""
 
+import re
+
 import ml_dtypes
 import numpy as np
 import pytest
@@ -137,6 +139,15 @@ def test_plan_mla_decode_checks_its_arguments():
     if not mlakit.build_info()["cuda"]:
         with pytest.raises(NotImplementedError, match="no kernel for cuda:0"):
             mlakit.plan_mla_decode("cuda", 1, 1, N, BLOCK, 64)
+
+
+def test_plan_mla_decode_refuses_a_seq_len_above_max_seq_len_on_the_cpu():
+    # max_seq_len bounds every seq_len; the CPU has the lengths and checks them at the call (a
+    # stress finding: it accepted them).
+    mlakit.plan_mla_decode("cpu", 2, 1, N, BLOCK, 64, seq_lens=[64, 3])
+    with pytest.raises(ValueError, match=re.escape(
+            "plan_mla_decode: seq_lens[1] (65) exceeds shape.max_seq_len (64)")):
+        mlakit.plan_mla_decode("cpu", 2, 1, N, BLOCK, 64, seq_lens=[3, 65])
 
 
 def test_decode_schedule_needs_workspace(rng):

@@ -36,6 +36,12 @@ DecodeSchedule plan_mla_decode(const DecodePlanShape& shape, std::span<const int
     require(static_cast<int64_t>(seq_lens.size()) == shape.batch, ErrorCode::kInvalidArgument, kOp,
             ": the CPU plans from the lengths: seq_lens must have batch (", shape.batch,
             ") entries, got ", seq_lens.size());
+    // The GPU meets a longer seq_len only when the kernel runs (a bad index: NaN rows and the
+    // device error word); the CPU has the lengths now and refuses the plan.
+    for (size_t b = 0; b < seq_lens.size(); ++b) {
+      require(seq_lens[b] <= shape.max_seq_len, ErrorCode::kInvalidArgument, kOp, ": seq_lens[", b,
+              "] (", seq_lens[b], ") exceeds shape.max_seq_len (", shape.max_seq_len, ")");
+    }
     return plan_decode_splits(seq_lens, shape.block_size, cpu::num_threads(),
                               shape.batch_invariant);
   }

@@ -834,6 +834,13 @@ static void test_decode_planning(void) {
   CHECK(schedule == NULL);
   CHECK_STATUS(mlakit_plan_mla_decode(NULL, seq_lens, &schedule), MLAKIT_ERROR_INVALID_ARGUMENT,
                "shape must not be NULL");
+  /* The CPU has the lengths: one above shape.max_seq_len is refused at the call (stress finding:
+   * it was accepted; the GPU reports it as a bad index when the kernel runs). */
+  shape.max_seq_len = 2499;
+  CHECK_STATUS(mlakit_plan_mla_decode(&shape, seq_lens, &schedule), MLAKIT_ERROR_INVALID_ARGUMENT,
+               "plan_mla_decode: seq_lens[0] (2500) exceeds shape.max_seq_len (2499)");
+  CHECK(schedule == NULL);
+  shape.max_seq_len = 4096;
   if (strstr(mlakit_build_info(), "\"cuda\": false") != NULL) {
     shape.device.device_type = kDLCUDA;
     CHECK_STATUS(mlakit_plan_mla_decode(&shape, NULL, &schedule), MLAKIT_ERROR_UNSUPPORTED,

@@ -9,6 +9,7 @@
 
 #include "common/test_util.hpp"
 #include "mlakit/error.hpp"
+#include "mlakit/ops.hpp"
 #include "mlakit/plan.hpp"
 
 namespace mlakit {
@@ -154,8 +155,8 @@ TEST(PlanDecodeSplits, MaxDecodeSplitsBoundsEverySchedule) {
     for (int32_t& len : lens)
       len = all_max ? max_len : std::uniform_int_distribution<int32_t>(0, max_len)(rng);
     const DecodeSchedule s = plan_decode_splits(lens, bs, workers, invariant);
-    EXPECT_LE(s.total_splits, max_decode_splits(static_cast<int64_t>(lens.size()), max_len, bs,
-                                                workers, invariant))
+    EXPECT_LE(s.total_splits,
+              max_decode_splits(static_cast<int64_t>(lens.size()), max_len, bs, workers, invariant))
         << "bs " << bs << " max_len " << max_len << " workers " << workers << " invariant "
         << invariant;
   }
@@ -169,6 +170,26 @@ TEST(PlanDecodeSplits, RejectsBadInput) {
                           "plan_decode_splits: num_workers must be in [1, 1048576], got 0");
   MLAKIT_EXPECT_THROW_MSG(plan_decode_splits(std::vector<int32_t>{5, -1}, 16, 2),
                           "plan_decode_splits: seq_lens[1] must be >= 0, got -1");
+}
+
+// shape.max_seq_len bounds every seq_len (ops.hpp). The GPU meets a longer one when the kernel
+// runs (a bad index); the CPU plans from the lengths and refuses it at the call (a stress
+// finding: it was accepted). A length equal to the bound is fine.
+TEST(PlanMlaDecode, CpuRefusesASeqLenAboveMaxSeqLen) {
+  const ops::DecodePlanShape shape{.device = Device::cpu(),
+                                   .batch = 3,
+                                   .s_q = 1,
+                                   .num_heads = 4,
+                                   .block_size = 16,
+                                   .max_seq_len = 64};
+  EXPECT_NO_THROW(ops::plan_mla_decode(shape, std::vector<int32_t>{64, 0, 10}));
+  try {
+    ops::plan_mla_decode(shape, std::vector<int32_t>{64, 0, 65});
+    ADD_FAILURE() << "a seq_len above max_seq_len was accepted";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument);
+    EXPECT_STREQ(e.what(), "plan_mla_decode: seq_lens[2] (65) exceeds shape.max_seq_len (64)");
+  }
 }
 
 }  // namespace
