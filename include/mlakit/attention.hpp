@@ -58,6 +58,8 @@ class MlaAttention {
   // kv_cache:    [num_blocks, block_size, entry_width] (kv_cache.hpp); may be empty (numel 0),
   //              then nothing is written and the batch must have no context
   // output:      [T', N * V]     activation dtype; rows [T, T') untouched, T = num_actual_tokens
+  // output and kv_cache are written: they must not overlap each other, themselves, q, kv_c_normed
+  // or k_pe (kInvalidArgument, "MlaAttention::forward: output must not overlap q").
   // step:        plan_step(config, batch, workspace) of this step, for a configuration equal to the
   //              layer's in everything but the scale (and the weights)
   // Launches only: no host synchronization, no allocation, no planning, no host-to-device copy.

@@ -509,9 +509,11 @@ MLAKIT_API mlakit_status_t mlakit_attention_plan(const mlakit_attention_t* atten
 
 /* q: [T', N, P + R]; kv_c_normed: [T', L]; k_pe: [T', R] or [T', 1, R]; kv_cache: [num_blocks,
  * block_size, entry_width] (may be empty: then nothing is cached and no request may have
- * context); output: [T', N * V], rows [T, T') untouched. batch NULL is a profile run (output is
- * zero-filled). q_scale, k_scale: fp8 scales (used with fp8 caches only). A layer handle must not
- * run two forward calls at once (it owns one workspace). */
+ * context); output: [T', N * V], rows [T, T') untouched. output and kv_cache (both written) must
+ * not overlap each other, themselves, q, kv_c_normed or k_pe (MLAKIT_ERROR_INVALID_ARGUMENT, "must
+ * not overlap"). batch NULL is a profile run (output is zero-filled). q_scale, k_scale: fp8 scales
+ * (used and checked with fp8 caches only; other caches ignore them, whatever their value). A layer
+ * handle must not run two forward calls at once (it owns one workspace). */
 MLAKIT_API mlakit_status_t mlakit_attention_forward(mlakit_attention_t* attention,
                                                     const DLTensor* q, const DLTensor* kv_c_normed,
                                                     const DLTensor* k_pe, const DLTensor* kv_cache,

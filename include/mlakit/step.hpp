@@ -80,7 +80,8 @@ struct ForwardBatch {
 };
 
 // fp8 scales of the layer (spec A.2): k_scale quantizes the whole latent entry, q_scale the
-// decode query. Both are used only with fp8 caches.
+// decode query. Both are used only with fp8 caches (forward checks them there: finite and > 0);
+// other caches ignore them, whatever their value.
 struct ForwardScales {
   float q_scale = 1.0f;
   float k_scale = 1.0f;

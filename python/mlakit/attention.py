@@ -145,7 +145,7 @@ class MlaAttention:
         StepPlan (plan_step once per step, then every layer: launches only), a ForwardBatch
         (single call: plans it and runs in a workspace the layer owns), or None for a profile
         run (output zero-filled); output: [T', N * V] (rows [T, T') untouched); q_scale,
-        k_scale: fp8 scales (fp8 caches only).
+        k_scale: fp8 scales (used with fp8 caches only; other caches ignore them).
 
         Under DCP q holds this rank's N heads, kv_c_normed and k_pe every new token, kv_cache
         and the batch's block_table are this rank's, its seq_lens global and its slot_mapping

@@ -65,6 +65,37 @@ def test_profile_run_zero_fills_the_output(rng):
     assert (output == 0).all()
 
 
+def test_output_overlapping_an_input_the_cache_or_itself_is_refused(rng):
+    # Stress finding: such an output ran without an error and held a wrong result.
+    batch = Batch(rng)
+    weight = (rng.standard_normal((N * (P + V), L)) / np.sqrt(L)).astype(np.float32)
+    layer = mlakit.MlaAttention(config(), weight)
+    rows = batch.T + batch.padding
+    over_q = batch.q.reshape(rows, -1)[:, :N * V]
+    over_cache = batch.cache.reshape(-1)[:rows * N * V].reshape(rows, N * V)
+    output = np.zeros((rows, N * V), np.float32)
+    same_row = np.lib.stride_tricks.as_strided(output, (rows, N * V), (0, 4))
+    for out, other in [(over_q, "q"), (over_cache, "kv_cache"), (same_row, "itself")]:
+        with pytest.raises(ValueError, match=f"MlaAttention::forward: output must not overlap "
+                                             f"{other}"):
+            layer.forward(batch.q, batch.kv_c, batch.k_pe, batch.cache, batch.forward_batch(), out)
+
+
+def test_scales_are_ignored_without_an_fp8_cache(rng):
+    # The scales are used with fp8 caches only: NaN ones change nothing for a float cache (they
+    # were refused under mla_decode's name).
+    batch = Batch(rng)
+    weight = (rng.standard_normal((N * (P + V), L)) / np.sqrt(L)).astype(np.float32)
+    layer = mlakit.MlaAttention(config(), weight)
+    rows = batch.T + batch.padding
+    expected = np.zeros((rows, N * V), np.float32)
+    layer.forward(batch.q, batch.kv_c, batch.k_pe, batch.cache, batch.forward_batch(), expected)
+    output = np.zeros((rows, N * V), np.float32)
+    layer.forward(batch.q, batch.kv_c, batch.k_pe, batch.cache, batch.forward_batch(), output,
+                  q_scale=float("nan"), k_scale=float("nan"))
+    assert np.array_equal(output, expected)
+
+
 def test_config_defaults_are_the_librarys():
     layer_defaults = mlakit.MlaConfig()
     from mlakit._library import MlaConfigC, lib

@@ -38,6 +38,7 @@ void validate_output(const MlaAttentionConfig& c, const TensorView& output) {
   detail::check_size(kOp, "output", output, 1, c.dims.num_heads * c.dims.v_head_dim);
   detail::check_inner_contiguous(kOp, "output", output);
   detail::check_device(kOp, "output", output, c.device);
+  detail::check_no_self_overlap(kOp, "output", output);
 }
 
 void validate_inputs(const MlaAttentionConfig& c, const TensorView& q, const TensorView& kv_c,
@@ -75,6 +76,10 @@ void validate_inputs(const MlaAttentionConfig& c, const TensorView& q, const Ten
       detail::check_dtype(kOp, "kv_cache (kv_cache_dtype auto)", kv_cache, {c.act_dtype});
     detail::check_device(kOp, "kv_cache", kv_cache, c.device);
   }
+  // The cache write and the attention read q, kv_c_normed and k_pe (and the cache) while output
+  // and the cache are written, in an order of their own.
+  detail::check_outputs_apart(kOp, {{"output", &output}, {"kv_cache", &kv_cache}},
+                              {{"q", &q}, {"kv_c_normed", &kv_c}, {"k_pe", &k_pe}});
 }
 
 // The limits of a private workspace that serves exactly `batch` (the single-call form of forward),
@@ -214,7 +219,7 @@ void MlaAttention::forward(const TensorView& q, const TensorView& kv_c_normed,
 void MlaAttention::forward(const TensorView& q, const TensorView& kv_c_normed,
                            const TensorView& k_pe_in, const TensorView& kv_cache,
                            const StepPlan& step, const TensorView& output,
-                           const ForwardScales& scales, Stream stream) {
+                           const ForwardScales& given_scales, Stream stream) {
   const MlaAttentionConfig& c = state_->config;
   const MlaDims& d = c.dims;
   const StepPlan::State& s = step.state();
@@ -230,11 +235,13 @@ void MlaAttention::forward(const TensorView& q, const TensorView& kv_c_normed,
   const int64_t tokens = s.num_actual_tokens;
   validate_inputs(c, q, kv_c_normed, k_pe, kv_cache, tokens, output);
   if (is_fp8(c.kv_cache_dtype)) {
-    require(std::isfinite(scales.k_scale) && scales.k_scale > 0 && std::isfinite(scales.q_scale) &&
-                scales.q_scale > 0,
+    require(std::isfinite(given_scales.k_scale) && given_scales.k_scale > 0 &&
+                std::isfinite(given_scales.q_scale) && given_scales.q_scale > 0,
             ErrorCode::kInvalidArgument, kOp, ": q_scale and k_scale must be finite and > 0, got ",
-            scales.q_scale, " and ", scales.k_scale);
+            given_scales.q_scale, " and ", given_scales.k_scale);
   }
+  // The scales are used only with fp8 caches (step.hpp): other caches ignore whatever was given.
+  const ForwardScales scales = is_fp8(c.kv_cache_dtype) ? given_scales : ForwardScales{};
   const Plan& plan = s.plan;
   const detail::StepBuffers& buf = s.buffers;
   const bool dcp = c.dcp.enabled();

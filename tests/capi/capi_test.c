@@ -687,6 +687,33 @@ static void test_step(void) {
   CHECK_STATUS(mlakit_attention_forward_step(layers[0], &t_q, &t_kv_c, &t_k_pe, &t_cache, next,
                                              &t_out, 1.0f, 1.0f, NULL),
                MLAKIT_OK, NULL);
+  /* Stress findings: an output over q or over the cache, or over itself, ran with status OK and
+   * a wrong output; both forms refuse it now. An auto cache ignores the fp8 scales, NaN included
+   * (they were refused under mla_decode's name): the output is that of scales 1. */
+  {
+    DLTensor over_q = host_tensor(q, kF32, 2, out_shape);
+    CHECK_STATUS(mlakit_attention_forward_step(layers[0], &t_q, &t_kv_c, &t_k_pe, &t_cache, next,
+                                               &over_q, 1.0f, 1.0f, NULL),
+                 MLAKIT_ERROR_INVALID_ARGUMENT, "MlaAttention::forward: output must not overlap q");
+    DLTensor over_cache = host_tensor(cache[0], kF32, 2, out_shape);
+    CHECK_STATUS(mlakit_attention_forward(layers[0], &t_q, &t_kv_c, &t_k_pe, &t_cache, &batch,
+                                          &over_cache, 1.0f, 1.0f, NULL),
+                 MLAKIT_ERROR_INVALID_ARGUMENT,
+                 "MlaAttention::forward: output must not overlap kv_cache");
+    int64_t one_row[2] = {0, 1};
+    DLTensor same_row = host_tensor(out_single[1], kF32, 2, out_shape);
+    same_row.strides = one_row;
+    CHECK_STATUS(mlakit_attention_forward_step(layers[0], &t_q, &t_kv_c, &t_k_pe, &t_cache, next,
+                                               &same_row, 1.0f, 1.0f, NULL),
+                 MLAKIT_ERROR_INVALID_ARGUMENT,
+                 "MlaAttention::forward: output must not overlap itself");
+    static float out_nan_scales[kT * kN * kV];
+    DLTensor t_out_nan = host_tensor(out_nan_scales, kF32, 2, out_shape);
+    CHECK_STATUS(mlakit_attention_forward_step(layers[0], &t_q, &t_kv_c, &t_k_pe, &t_cache, next,
+                                               &t_out_nan, NAN, NAN, NULL),
+                 MLAKIT_OK, NULL);
+    CHECK(memcmp(out_nan_scales, out_step[0], sizeof(out_nan_scales)) == 0);
+  }
   CHECK_STATUS(mlakit_attention_forward_step(layers[0], &t_q, &t_kv_c, &t_k_pe, &t_cache, NULL,
                                              &t_out, 1.0f, 1.0f, NULL),
                MLAKIT_ERROR_INVALID_ARGUMENT, "MlaAttention::forward: plan must not be NULL");

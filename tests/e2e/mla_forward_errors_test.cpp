@@ -2,6 +2,10 @@
 // crash, never an out-of-bounds access) whose message names the problem.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cstring>
+#include <limits>
+#include <string>
 #include <vector>
 
 #include "common/test_util.hpp"
@@ -40,6 +44,17 @@ class ForwardErrors : public ::testing::Test {
     batch_.slot_mapping = slots_;
   }
   void run() { attn_->forward(q_, kv_c_, k_pe_, cache_, &batch_, out_); }
+  // The decode's 19 context tokens are whatever the cache holds: writes them.
+  void write_context() {
+    fill_nan(out_);
+    std::vector<int64_t> ctx_slots;
+    for (int64_t pos = 0; pos < 19; ++pos) ctx_slots.push_back((1 + pos / 4) * 4 + pos % 4);
+    auto rng = make_rng(901);
+    Tensor ctx_kv = random_tensor(rng, {19, dims_.kv_lora_rank}, DType::kF32);
+    Tensor ctx_pe = random_tensor(rng, {19, dims_.qk_rope_head_dim}, DType::kF32);
+    Tensor ctx_slot_t = int_tensor(ctx_slots, {19}, DType::kI64);
+    ops::concat_and_cache_mla(ctx_kv, ctx_pe, cache_, ctx_slot_t, KvCacheDType::kAuto, 1.0f);
+  }
 
   MlaDims dims_;
   MlaAttentionConfig cfg_;
@@ -53,16 +68,77 @@ class ForwardErrors : public ::testing::Test {
 };
 
 TEST_F(ForwardErrors, ValidBatchRuns) {
-  // The decode's 19 context tokens are whatever the cache holds: write them first.
-  fill_nan(out_);
-  std::vector<int64_t> ctx_slots;
-  for (int64_t pos = 0; pos < 19; ++pos) ctx_slots.push_back((1 + pos / 4) * 4 + pos % 4);
-  auto rng = make_rng(901);
-  Tensor ctx_kv = random_tensor(rng, {19, dims_.kv_lora_rank}, DType::kF32);
-  Tensor ctx_pe = random_tensor(rng, {19, dims_.qk_rope_head_dim}, DType::kF32);
-  Tensor ctx_slot_t = int_tensor(ctx_slots, {19}, DType::kI64);
-  ops::concat_and_cache_mla(ctx_kv, ctx_pe, cache_, ctx_slot_t, KvCacheDType::kAuto, 1.0f);
+  write_context();
   EXPECT_NO_THROW(run());
+}
+
+// `call` throws kInvalidArgument with `message` in its text.
+template <class Call>
+void expect_invalid(Call&& call, const std::string& message) {
+  try {
+    call();
+    ADD_FAILURE() << "expected kInvalidArgument containing '" << message << "'";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument) << e.what();
+    EXPECT_NE(std::string(e.what()).find(message), std::string::npos) << e.what();
+  }
+}
+
+// Stress finding: an output over q, kv_c_normed, k_pe or the cache (or over itself) ran with
+// status OK and a wrong result; forward refuses it as every op does (check_outputs_apart).
+TEST_F(ForwardErrors, OutputOverlappingAnInputOrTheCache) {
+  write_context();
+  const int64_t width = dims_.num_heads * dims_.v_head_dim;
+  auto out_over = [&](const Tensor& t) {
+    return TensorView::contiguous(t.data<float>(), DType::kF32, {tokens_, width});
+  };
+  auto forward_into = [&](const TensorView& out) {
+    return [&, out] { attn_->forward(q_, kv_c_, k_pe_, cache_, &batch_, out); };
+  };
+  expect_invalid(forward_into(out_over(q_)), "MlaAttention::forward: output must not overlap q");
+  expect_invalid(forward_into(out_over(cache_)),
+                 "MlaAttention::forward: output must not overlap kv_cache");
+  const Tensor wide = Tensor::empty({tokens_, dims_.kv_lora_rank + width}, DType::kF32);
+  const TensorView kv_c_in_wide = wide.view().narrow(1, 0, dims_.kv_lora_rank);
+  expect_invalid(
+      [&] {
+        attn_->forward(q_, kv_c_in_wide, k_pe_, cache_, &batch_,
+                       wide.view().narrow(1, dims_.kv_lora_rank - 1, width));
+      },
+      "MlaAttention::forward: output must not overlap kv_c_normed");
+  // Rows of the output at stride 0 (every token writes the same row), in a step and in the
+  // profile run.
+  const TensorView same_row =
+      TensorView::strided(out_.data<float>(), DType::kF32, {tokens_, width}, {0, 1});
+  const std::string itself =
+      "MlaAttention::forward: output must not overlap itself (each output element needs its own "
+      "storage), got shape [9, 32] with strides [0, 1]";
+  expect_invalid(forward_into(same_row), itself);
+  expect_invalid([&] { attn_->forward(q_, kv_c_, k_pe_, cache_, nullptr, same_row); }, itself);
+  // The cache is written too: the new tokens must not come from it.
+  const TensorView pe_in_cache = TensorView::strided(
+      cache_.data<float>(), DType::kF32, {tokens_, dims_.qk_rope_head_dim}, {dims_.entry_dim(), 1});
+  expect_invalid([&] { attn_->forward(q_, kv_c_, pe_in_cache, cache_, &batch_, out_); },
+                 "MlaAttention::forward: kv_cache must not overlap k_pe");
+  // An empty output touches nothing, whatever its strides.
+  const TensorView no_rows = TensorView::strided(q_.data<float>(), DType::kF32, {0, width}, {0, 0});
+  EXPECT_NO_THROW(attn_->forward(q_, kv_c_, k_pe_, cache_, nullptr, no_rows));
+}
+
+// The scales are used with fp8 caches only (step.hpp): an auto cache ignores any value, NaN
+// included (a stress finding: it was refused under mla_decode's name), and gives the output of
+// the default scales.
+TEST_F(ForwardErrors, ScalesIgnoredWithoutAnFp8Cache) {
+  write_context();
+  const Tensor cache_before = Tensor::empty({num_blocks_, 4, dims_.entry_dim()}, DType::kF32);
+  std::copy_n(cache_.data<float>(), cache_.numel(), cache_before.data<float>());
+  run();
+  const std::vector<float> expected(out_.data<float>(), out_.data<float>() + out_.numel());
+  std::copy_n(cache_before.data<float>(), cache_.numel(), cache_.data<float>());
+  fill_nan(out_);
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  ASSERT_NO_THROW(attn_->forward(q_, kv_c_, k_pe_, cache_, &batch_, out_, ForwardScales{nan, -1}));
+  EXPECT_EQ(0, std::memcmp(expected.data(), out_.data<float>(), expected.size() * sizeof(float)));
 }
 
 TEST_F(ForwardErrors, WrongQueryShape) {
