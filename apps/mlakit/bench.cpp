@@ -5,13 +5,13 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
-#include <fstream>
 #include <iostream>
 #include <string>
 
 #include "bench_report.hpp"
 #include "mlakit/dtype.hpp"
 #include "mlakit/threads.hpp"
+#include "output_file.hpp"
 #include "presets.hpp"
 #include "run_options.hpp"
 
@@ -49,6 +49,10 @@ int run_bench(const BenchOptions& o) {
   const std::string model =
       !o.model.empty() ? o.model : (device.is_cuda() ? "deepseek-v3" : "deepseek-v2-lite");
   const ModelPreset& preset = find_preset(model);
+  // The result files are opened before the grid runs: an unwritable path fails now.
+  OutputFile csv, json;
+  if (!o.csv_path.empty()) csv = OutputFile("--csv", o.csv_path);
+  if (!o.json_path.empty()) json = OutputFile("--json", o.json_path);
   BenchSetup setup{device, preset.dims, preset.scale, preset.dtype,
                    o.reps > 0 ? o.reps : (o.quick ? 3 : 7)};
   BenchRun run;
@@ -64,13 +68,9 @@ int run_bench(const BenchOptions& o) {
   }
   print_bench_table(std::cout, run);
 
-  if (!o.csv_path.empty()) {
-    std::ofstream csv(o.csv_path);
-    write_bench_csv(csv, run);
-    if (!csv) {
-      std::cerr << "mlakit: error: cannot write --csv " << o.csv_path << "\n";
-      return kExitError;
-    }
+  if (csv.is_open()) {
+    write_bench_csv(csv.stream(), run);
+    csv.close();  // throws when a write failed (a full disk): exit 2
   }
   // --plot draws from the JSON: --json's file, or a temporary one.
   std::string json_path = o.json_path;
@@ -78,14 +78,11 @@ int run_bench(const BenchOptions& o) {
     json_path = (std::filesystem::temp_directory_path() /
                  ("mlakit-bench-" + std::to_string(::getpid()) + ".json"))
                     .string();
+    json = OutputFile("the --plot data file", json_path);
   }
-  if (!json_path.empty()) {
-    std::ofstream json(json_path);
-    json << bench_json(run).dump(2) << "\n";
-    if (!json) {
-      std::cerr << "mlakit: error: cannot write --json " << json_path << "\n";
-      return kExitError;
-    }
+  if (json.is_open()) {
+    json.stream() << bench_json(run).dump(2) << "\n";
+    json.close();
   }
   if (!o.plot_path.empty()) {
     const bool plotted = plot(json_path, o.plot_path);

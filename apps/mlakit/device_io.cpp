@@ -68,4 +68,18 @@ void synchronize(Device device) {
 #endif
 }
 
+std::optional<double> device_free_bytes([[maybe_unused]] Device device) {
+#if defined(MLAKIT_WITH_CUDA)
+  if (!device.is_cuda()) return std::nullopt;
+  size_t free = 0, total = 0;
+  if (cudaSetDevice(device.index) != cudaSuccess || cudaMemGetInfo(&free, &total) != cudaSuccess) {
+    cudaGetLastError();  // clear the error, so that the run's own first CUDA call reports its own
+    return std::nullopt;
+  }
+  return static_cast<double>(free);
+#else
+  return std::nullopt;
+#endif
+}
+
 }  // namespace mlakit::cli

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 
 #include "mlakit/types.hpp"
 
@@ -24,5 +25,8 @@ void copy_to_device(const TensorView& dst, const void* src, int64_t bytes);
 void copy_to_host(void* dst, const TensorView& src, int64_t bytes);
 // Waits until the device finished its queued work (no-op on the CPU).
 void synchronize(Device device);
+// Free memory of a CUDA device in bytes (cudaMemGetInfo); nullopt for the CPU, in a CPU-only
+// build, or when the query fails (the run's own allocation then reports the problem).
+std::optional<double> device_free_bytes(Device device);
 
 }  // namespace mlakit::cli

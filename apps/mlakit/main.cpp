@@ -2,18 +2,26 @@
 // layer grids against the measured roofline) and `info`.
 // Exit codes: 0 success, 1 `run --verify` found errors above tolerance, 2 bad flags or an error.
 #include <CLI/CLI.hpp>
+#include <cerrno>
+#include <charconv>
+#include <cmath>
+#include <cstdint>
+#include <cstdlib>
 #include <exception>
-#include <fstream>
 #include <iostream>
 #include <memory>
 #include <string>
 
 #include "bench.hpp"
 #include "bench_options.hpp"
+#include "device_io.hpp"
 #include "info.hpp"
 #include "mlakit/error.hpp"
+#include "mlakit/threads.hpp"
+#include "output_file.hpp"
 #include "presets.hpp"
 #include "report.hpp"
+#include "run_memory.hpp"
 #include "run_options.hpp"
 #include "simulation.hpp"
 #if defined(MLAKIT_WITH_MPI)
@@ -57,6 +65,47 @@ CLI::Validator at_least(int64_t minimum) {
       "INT>=" + std::to_string(minimum));
 }
 
+// A path to write: not empty (an empty --json '' would silently write nothing).
+CLI::Validator non_empty_path() {
+  return CLI::Validator(
+      [](std::string& text) -> std::string {
+        return text.empty() ? "must name a file, got an empty path" : std::string();
+      },
+      "PATH");
+}
+
+// A seed: decimal digits of a value in [0, 2^64 - 1] (CLI11 would wrap -1 and saturate larger
+// values to 2^64 - 1).
+CLI::Validator seed_validator() {
+  return CLI::Validator(
+      [](std::string& text) -> std::string {
+        uint64_t value = 0;
+        const char* last = text.data() + text.size();
+        const auto [end, ec] = std::from_chars(text.data(), last, value);
+        if (text.empty() || ec != std::errc() || end != last) {
+          return "must be an integer in [0, 18446744073709551615], got " + text;
+        }
+        return {};
+      },
+      "UINT64");
+}
+
+// A --kv-cache-gb value: finite, > 0 and at most kMaxKvCacheGib (inf, 1e19 and 1e300 overflowed
+// the block count into "holds no block").
+CLI::Validator kv_cache_gib_validator() {
+  return CLI::Validator(
+      [](std::string& text) -> std::string {
+        double value = 0.0;
+        if (CLI::detail::lexical_cast(text, value) && std::isfinite(value) && value > 0.0 &&
+            value <= mlakit::cli::kMaxKvCacheGib) {
+          return {};
+        }
+        return "must be a finite number of GiB in (0, " +
+               std::to_string(static_cast<int64_t>(mlakit::cli::kMaxKvCacheGib)) + "], got " + text;
+      },
+      "GIB>0");
+}
+
 void add_run_options(CLI::App& run, RunOptions& o) {
   run.add_option("--preset,--model", o.model,
                  "model preset (dims, heads, softmax scale); default deepseek-v2-lite on the "
@@ -86,6 +135,7 @@ void add_run_options(CLI::App& run, RunOptions& o) {
       ->check(CLI::Range(0.0, 1.0))
       ->capture_default_str();
   run.add_option("--seed", o.seed, "seed of the workload, weights and activations")
+      ->check(seed_validator())
       ->capture_default_str();
   run.add_option("--block-size", o.block_size, "tokens per KV-cache block")
       ->check(at_least(1))
@@ -97,13 +147,7 @@ void add_run_options(CLI::App& run, RunOptions& o) {
           ->check(at_least(1));
   run.add_option("--kv-cache-gb", o.kv_cache_gb,
                  "KV-cache memory over all layers in GiB (instead of --num-blocks)")
-      ->check(CLI::Validator(
-          [](std::string& text) -> std::string {
-            double value = 0.0;
-            if (CLI::detail::lexical_cast(text, value) && value > 0.0) return {};
-            return "must be a number > 0, got " + text;
-          },
-          "GIB>0"))
+      ->check(kv_cache_gib_validator())
       ->excludes(num_blocks);
   run.add_option("--max-num-seqs", o.max_num_seqs, "requests running at once")
       ->check(at_least(1))
@@ -132,7 +176,8 @@ void add_run_options(CLI::App& run, RunOptions& o) {
   run.add_option("--verify-heads", o.verify_heads, "with --verify: heads checked per request")
       ->check(at_least(1))
       ->capture_default_str();
-  run.add_option("--json", o.json_path, "also write the summary as JSON to PATH");
+  run.add_option("--json", o.json_path, "also write the summary as JSON to PATH")
+      ->check(non_empty_path());
   run.add_flag("--no-progress", o.no_progress, "no progress output on stderr");
   run.add_flag("--cuda-graphs", o.cuda_graphs,
                "replay decode-only steps as CUDA graphs, one per batch bucket (--device cuda)");
@@ -156,14 +201,22 @@ void add_bench_options(CLI::App& bench, mlakit::cli::BenchOptions& o) {
   bench.add_flag("--quick", o.quick, "the small grid (under a minute on a 2-core CPU)");
   bench.add_option("--reps", o.reps, "timed runs per case, median (default 3 quick, 7 full)")
       ->check(at_least(1));
-  bench.add_option("--json", o.json_path, "write the results as JSON to PATH");
-  bench.add_option("--csv", o.csv_path, "write the results as CSV to PATH");
-  bench.add_option("--plot", o.plot_path,
-                   "draw the roofline and time chart to PATH.png (python -m mlakit.plot)");
+  bench.add_option("--json", o.json_path, "write the results as JSON to PATH")
+      ->check(non_empty_path());
+  bench.add_option("--csv", o.csv_path, "write the results as CSV to PATH")
+      ->check(non_empty_path());
+  bench
+      .add_option("--plot", o.plot_path,
+                  "draw the roofline and time chart to PATH.png (python -m mlakit.plot)")
+      ->check(non_empty_path());
 }
 
 int run_command(const RunOptions& options) {
   mlakit::cli::RunConfig config = mlakit::cli::resolve_run_options(options);
+  // Everything the run allocates, against what the machine has, before any of it is allocated.
+  mlakit::cli::check_run_memory(
+      mlakit::cli::estimate_run_memory(config, mlakit::cli::num_blocks_source(options)),
+      mlakit::cli::host_memory_bytes(), mlakit::cli::device_free_bytes(config.device));
 #if defined(MLAKIT_WITH_MPI)
   std::unique_ptr<mlakit::cli::DcpGroup> group;
   if (config.dcp.enabled()) {
@@ -178,6 +231,11 @@ int run_command(const RunOptions& options) {
                         "--dcp needs a build with MPI (MLAKIT_WITH_MPI); this one has none");
   }
 #endif
+  // Opened before the run (an unwritable path fails now, not after it); rank 0 writes it.
+  mlakit::cli::OutputFile json;
+  if (!options.json_path.empty() && config.dcp.rank == 0) {
+    json = mlakit::cli::OutputFile("--json", options.json_path);
+  }
   mlakit::cli::RunResult result;
   try {
     result = mlakit::cli::run_simulation(config);
@@ -198,15 +256,26 @@ int run_command(const RunOptions& options) {
   }
 #endif
   mlakit::cli::print_summary(std::cout, config, result);
-  if (!options.json_path.empty()) {
-    std::ofstream out(options.json_path);
-    out << mlakit::cli::summary_json(config, result).dump(2) << "\n";
-    if (!out) {
-      std::cerr << "mlakit: error: cannot write --json " << options.json_path << "\n";
-      return kExitError;
-    }
+  if (json.is_open()) {
+    json.stream() << mlakit::cli::summary_json(config, result).dump(2) << "\n";
+    json.close();
   }
   return verify_passed ? 0 : kExitVerifyFailed;
+}
+
+// MLAKIT_NUM_THREADS as the library reads it (a leading integer in [1, 65535], e.g. "4" or "4,2");
+// anything else is ignored by the library (it falls back to OMP_NUM_THREADS, then the affinity
+// mask), which the command says on stderr rather than silently.
+void warn_about_thread_count() {
+  const char* text = std::getenv("MLAKIT_NUM_THREADS");
+  if (text == nullptr) return;
+  char* end = nullptr;
+  errno = 0;
+  const long value = std::strtol(text, &end, 10);
+  if (end != text && errno == 0 && value >= 1 && value <= 65535) return;
+  std::cerr << "mlakit: warning: MLAKIT_NUM_THREADS=\"" << text
+            << "\" is not a thread count in [1, 65535]; ignored, using "
+            << mlakit::cpu_num_threads() << " threads (OMP_NUM_THREADS, else the affinity mask)\n";
 }
 
 }  // namespace
@@ -222,18 +291,30 @@ int main(int argc, char** argv) {
       app.add_subcommand("bench", "time decode, prefill and layer steps against the roofline");
   add_bench_options(*bench, bench_options);
   CLI::App* info = app.add_subcommand("info", "version, build options, backends, CPU and GPU");
+  // CLI11 reports a word that is no subcommand as "A subcommand is required": name it instead.
+  const std::string first = argc > 1 ? argv[1] : "";
+  if (!first.empty() && first[0] != '-' && first != "run" && first != "bench" && first != "info") {
+    std::cerr << "mlakit: error: unknown subcommand \"" << argv[1]
+              << "\" (expected run, bench or info; see mlakit --help)\n";
+    return kExitError;
+  }
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     return app.exit(e) == 0 ? 0 : kExitError;
   }
   try {
+    warn_about_thread_count();
+    int status = 0;
     if (info->parsed()) {
       mlakit::cli::print_info(std::cout);
-      return 0;
+    } else if (bench->parsed()) {
+      status = mlakit::cli::run_bench(bench_options);
+    } else {
+      status = run_command(options);
     }
-    if (bench->parsed()) return mlakit::cli::run_bench(bench_options);
-    return run_command(options);
+    mlakit::cli::flush_stdout();  // a failed write of the summary fails the command
+    return status;
   } catch (const std::exception& e) {
     std::cerr << "mlakit: error: " << e.what() << "\n";
     return kExitError;

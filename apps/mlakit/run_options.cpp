@@ -3,6 +3,9 @@
 #include <algorithm>
 #include <charconv>
 #include <cmath>
+#include <cstdint>
+#include <limits>
+#include <string>
 
 #include "mlakit/error.hpp"
 #include "mlakit/kv_cache.hpp"
@@ -15,6 +18,9 @@ namespace {
 [[noreturn]] void invalid(const std::string& message) {
   throw Error(ErrorCode::kInvalidArgument, message);
 }
+
+// Block ids, request ids and sequence lengths are int32 (the library's block tables and seq_lens).
+constexpr int64_t kInt32Max = std::numeric_limits<int32_t>::max();
 
 }  // namespace
 
@@ -38,6 +44,12 @@ Device parse_device(const std::string& name) {
     }
   }
   invalid("--device must be cpu, cuda or cuda:N, got \"" + name + "\"");
+}
+
+std::string num_blocks_source(const RunOptions& o) {
+  if (o.kv_cache_gb != 0.0) return "--kv-cache-gb";
+  if (o.num_blocks > 0) return "--num-blocks";
+  return "automatic";
 }
 
 RunConfig resolve_run_options(const RunOptions& o) {
@@ -74,9 +86,22 @@ RunConfig resolve_run_options(const RunOptions& o) {
   if (o.num_layers < 1) invalid("--num-layers must be >= 1, got " + std::to_string(o.num_layers));
   c.num_layers = o.num_layers;
 
+  if (o.num_requests > kInt32Max) {
+    invalid("--num-requests must be at most 2147483647 (request ids are int32), got " +
+            std::to_string(o.num_requests));
+  }
   c.workload.num_requests = o.num_requests;
   c.workload.prompt_len = sim::parse_len_range(o.prompt_len, "--prompt-len");
   c.workload.output_len = sim::parse_len_range(o.output_len, "--output-len");
+  int64_t longest = 0;  // a request's tokens through forward: prompt + output - 1
+  if (__builtin_add_overflow(c.workload.prompt_len.max, c.workload.output_len.max - 1, &longest) ||
+      longest > kInt32Max) {
+    invalid(
+        "--prompt-len max + --output-len max - 1 must be at most 2147483647 (seq_lens are "
+        "int32), got " +
+        std::to_string(c.workload.prompt_len.max) + " + " +
+        std::to_string(c.workload.output_len.max) + " - 1");
+  }
   c.workload.shared_prefix_len = o.shared_prefix_len;
   c.workload.shared_prefix_fraction = o.shared_prefix_fraction;
   c.workload.seed = o.seed;
@@ -87,29 +112,54 @@ RunConfig resolve_run_options(const RunOptions& o) {
   c.scheduler.max_num_batched_tokens = o.max_num_batched_tokens;
   const KvCacheSpec spec{c.dims, c.kv_cache_dtype, c.dtype, o.block_size, 0};
   spec.validate();  // e.g. fp8_ds_mla with f32 activations
-  if (o.kv_cache_gb > 0.0) {
-    const double bytes_per_block =
-        static_cast<double>(o.num_layers * o.block_size) * static_cast<double>(spec.entry_bytes());
+  if (o.kv_cache_gb != 0.0) {
+    if (!std::isfinite(o.kv_cache_gb) || o.kv_cache_gb < 0.0 || o.kv_cache_gb > kMaxKvCacheGib) {
+      invalid("--kv-cache-gb must be a finite number of GiB in (0, " +
+              std::to_string(static_cast<int64_t>(kMaxKvCacheGib)) + "], got " +
+              std::to_string(o.kv_cache_gb));
+    }
+    // In double: the product of the flags may exceed int64.
+    const double bytes_per_block = static_cast<double>(o.num_layers) *
+                                   static_cast<double>(o.block_size) *
+                                   static_cast<double>(spec.entry_bytes());
     const double gib = 1024.0 * 1024.0 * 1024.0;  // bytes per GiB
-    c.scheduler.num_blocks =
-        static_cast<int64_t>(std::floor(o.kv_cache_gb * gib / bytes_per_block));
-    if (c.scheduler.num_blocks < 1) {
+    const double blocks = std::floor(o.kv_cache_gb * gib / bytes_per_block);
+    if (blocks < 1.0) {
       invalid("--kv-cache-gb " + std::to_string(o.kv_cache_gb) + " holds no block of " +
               std::to_string(o.block_size) + " tokens over " + std::to_string(o.num_layers) +
               " layers; raise it");
     }
+    if (blocks > static_cast<double>(kInt32Max)) {
+      invalid("--kv-cache-gb " + std::to_string(o.kv_cache_gb) + " gives " +
+              std::to_string(blocks) + " blocks per layer, more than 2147483647 (block ids are " +
+              "int32); lower it or raise --block-size");
+    }
+    c.scheduler.num_blocks = static_cast<int64_t>(blocks);
   } else if (o.num_blocks > 0) {
+    if (o.num_blocks > kInt32Max) {
+      invalid("--num-blocks must be at most 2147483647 (block ids are int32), got " +
+              std::to_string(o.num_blocks));
+    }
     c.scheduler.num_blocks = o.num_blocks;
   } else {
     // Auto: room for as many of the largest possible requests as can run at once.
     // Under DCP the largest share of it (rank 0's).
-    const int64_t largest = c.workload.prompt_len.max + c.workload.output_len.max - 1;
-    c.scheduler.num_blocks = std::min(o.max_num_seqs, o.num_requests) *
-                             sim::blocks_for(sim::held_tokens(largest, c.scheduler), o.block_size);
+    int64_t blocks = 0;
+    if (__builtin_mul_overflow(
+            std::min(o.max_num_seqs, o.num_requests),
+            sim::blocks_for(sim::held_tokens(longest, c.scheduler), o.block_size), &blocks) ||
+        blocks > kInt32Max) {
+      invalid(
+          "the automatic --num-blocks, min(--max-num-seqs, --num-requests) x blocks of the "
+          "longest request (--prompt-len max + --output-len max - 1 tokens), exceeds "
+          "2147483647 (block ids are int32); lower them or give --num-blocks");
+    }
+    c.scheduler.num_blocks = blocks;
   }
   c.workspace_tokens = o.workspace_tokens;
   c.device = parse_device(o.device);
-  c.verify = {o.verify, o.verify_every, o.verify_heads};
+  // The heads checked are at most the heads of this rank (the summary prints this count).
+  c.verify = {o.verify, o.verify_every, std::min(o.verify_heads, c.dims.num_heads)};
   c.progress = !o.no_progress;
   c.cuda_graphs = o.cuda_graphs;
   if (c.cuda_graphs && !c.device.is_cuda()) {

@@ -42,8 +42,17 @@ DType parse_dtype(const std::string& name);
 // "cpu", "cuda" or "cuda:N"; throws on anything else.
 Device parse_device(const std::string& name);
 
+// The largest --kv-cache-gb (1 PiB): larger values are typos (1e9) or overflow (inf, 1e300).
+inline constexpr double kMaxKvCacheGib = 1024.0 * 1024.0;
+
 // Checks the combination of flags and fills in the derived values (heads per rank, dtype,
-// num_blocks). Throws mlakit::Error naming the flag to change.
+// num_blocks). Throws mlakit::Error naming the flag to change. Bounds: --num-requests,
+// --num-blocks (also as derived from --kv-cache-gb or the automatic rule) and the longest
+// request (--prompt-len max + --output-len max - 1) at most 2^31 - 1 (int32 ids and lengths),
+// --kv-cache-gb finite and at most kMaxKvCacheGib. Memory is checked separately
+// (run_memory.hpp).
 RunConfig resolve_run_options(const RunOptions& options);
+// What set num_blocks, for messages: "--num-blocks", "--kv-cache-gb" or "automatic".
+std::string num_blocks_source(const RunOptions& options);
 
 }  // namespace mlakit::cli

@@ -108,6 +108,22 @@ ForwardBatch to_forward_batch(const sim::StepBatch& batch, const StepBuffers& bu
 
 }  // namespace
 
+MlaAttentionConfig layer_config(const RunConfig& c, int64_t max_model_len) {
+  MlaAttentionConfig config;
+  config.dims = c.dims;
+  config.scale = c.scale;
+  config.act_dtype = c.dtype;
+  config.kv_cache_dtype = c.kv_cache_dtype;
+  config.block_size = c.scheduler.block_size;
+  config.workspace_tokens = c.workspace_tokens;
+  config.max_model_len = max_model_len;
+  config.max_num_seqs = c.scheduler.max_num_seqs;
+  config.max_num_batched_tokens = c.scheduler.max_num_batched_tokens;
+  config.device = c.device;
+  config.dcp = c.dcp;
+  return config;
+}
+
 RunResult run_simulation(const RunConfig& c) {
   const auto setup_start = Clock::now();
   RunResult result;
@@ -133,18 +149,7 @@ RunResult run_simulation(const RunConfig& c) {
   Verifier verifier(c.verify, mirror_spec, c.scale, scales.k_scale, c.num_layers);
   const uint64_t rank_stream = dcp ? kRankStream * static_cast<uint64_t>(c.dcp.rank + 1) : 0;
 
-  MlaAttentionConfig attention_config;
-  attention_config.dims = d;
-  attention_config.scale = c.scale;
-  attention_config.act_dtype = c.dtype;
-  attention_config.kv_cache_dtype = c.kv_cache_dtype;
-  attention_config.block_size = c.scheduler.block_size;
-  attention_config.workspace_tokens = c.workspace_tokens;
-  attention_config.max_model_len = max_model_len;
-  attention_config.max_num_seqs = c.scheduler.max_num_seqs;
-  attention_config.max_num_batched_tokens = c.scheduler.max_num_batched_tokens;
-  attention_config.device = c.device;
-  attention_config.dcp = c.dcp;
+  const MlaAttentionConfig attention_config = layer_config(c, max_model_len);
 
   std::vector<Layer> layers(c.num_layers);
   for (int64_t i = 0; i < c.num_layers; ++i) {

@@ -8,6 +8,7 @@
 
 #include "mlakit/config.hpp"
 #include "mlakit/dist.hpp"
+#include "mlakit/step.hpp"
 #include "mlakit/types.hpp"
 #include "scheduler.hpp"
 #include "verifier.hpp"
@@ -78,6 +79,9 @@ struct RunResult {
 
   double forward_s() const { return prefill.forward_s + decode.forward_s; }
 };
+
+// The configuration of every layer of the run, for requests of at most max_model_len tokens.
+MlaAttentionConfig layer_config(const RunConfig& config, int64_t max_model_len);
 
 // Throws mlakit::Error for bad configurations (and whatever the library throws).
 RunResult run_simulation(const RunConfig& config);

@@ -7,7 +7,9 @@ namespace mlakit {
 
 // Threads a CPU kernel uses, the calling thread included: MLAKIT_NUM_THREADS, else the first value
 // of OMP_NUM_THREADS, else the CPUs this process may run on (its affinity mask). Read once, at the
-// first call or the first CPU kernel.
+// first call or the first CPU kernel. A variable that does not start with a count in [1, 65535]
+// ("0", "-1", "abc", "99999999999") is ignored (the next source is used); the `mlakit` command
+// warns about such a MLAKIT_NUM_THREADS on stderr.
 int cpu_num_threads();
 
 }  // namespace mlakit
