@@ -1,6 +1,7 @@
 // make_plan: validation of the batch and the config (by message), plans of hand-built batches
-// (mixed, padded CUDA-graph decode batches, spec B.6 example), and invariants over random
-// batches, including "no block-table column >= cdiv(seq_len, block_size) is ever read".
+// (mixed, padded CUDA-graph decode batches, spec B.6 example, DCP's decode threshold of one),
+// and invariants over random batches, including "no block-table column >= cdiv(seq_len, block_size)
+// is ever read".
 #include "mlakit/plan.hpp"
 
 #include <gtest/gtest.h>
@@ -230,6 +231,26 @@ TEST(PlannerPlan, NonUniformDecodesRejectedWhenUniformRequired) {
   MLAKIT_EXPECT_THROW_MSG(make_plan(middle.desc(), config_with(16, 64, ChunkPolicy::kPacked,
                                                                QueryLenSupport::kUniform, 3)),
                           "got num_decodes 3, num_decode_tokens 6 and max decode query length 2");
+}
+
+// Spec F-15: under DCP a rank's local causal mask is wrong for q_len > 1, so the plan treats every
+// request with new tokens beyond one as a prefill whatever decode_threshold says; without DCP the
+// same batch runs as two q_len 2 decodes.
+TEST(PlannerPlan, DcpForcesTheDecodeThresholdToOne) {
+  Batch batch;
+  batch.add(2, 100).add(2, 100);
+  batch.block_table_width = 7;  // ceil(100 / 16): the whole table, W = 1 or 2 alike
+  PlannerConfig config = config_with(16, 64, ChunkPolicy::kPacked, QueryLenSupport::kUniform, 2);
+  const Plan alone = make_plan(batch.desc(), config);
+  EXPECT_EQ(alone.split.num_decodes, 2);
+  EXPECT_EQ(alone.split.num_prefills, 0);
+  config.dcp.world_size = 2;
+  for (int64_t rank = 0; rank < 2; ++rank) {
+    config.dcp.rank = rank;
+    const Plan shared = make_plan(batch.desc(), config);
+    EXPECT_EQ(shared.split.num_decodes, 0) << "rank " << rank;
+    EXPECT_EQ(shared.split.num_prefills, 2) << "rank " << rank;
+  }
 }
 
 // ---- random batches -------------------------------------------------------------------------
