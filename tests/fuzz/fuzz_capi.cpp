@@ -471,6 +471,24 @@ struct RequestScale {
   const char* inside = nullptr;  // the output whose memory it was placed in (nullptr: its own)
 };
 
+// What request b reads from a scale tensor as its memory holds it now: element 0 of a one-element
+// tensor, element b of a [batch] one; empty when unreadable (not backed, not f32, another shape).
+std::vector<float> request_values(const FuzzTensor& s, int64_t batch) {
+  if (s.absent) return std::vector<float>(static_cast<size_t>(batch), 1.0f);
+  const bool one = numel(s) == 1, per_request = s.shape.size() == 1 && s.shape[0] == batch;
+  if (!s.backed || to_mlakit_dtype(s.dtype) != DType::kF32 || !(one || per_request)) return {};
+  const std::vector<int64_t> offsets = logical_offsets(s.shape, effective_strides(s));
+  const unsigned char* base =
+      static_cast<const unsigned char*>(s.tensor.data) + s.tensor.byte_offset;
+  std::vector<float> values;
+  for (int64_t b = 0; b < batch; ++b) {
+    float v = 0.0f;
+    std::memcpy(&v, base + 4 * (one ? 0 : offsets[static_cast<size_t>(b)]), sizeof(v));
+    values.push_back(v);
+  }
+  return values;
+}
+
 // A scale argument of the decode entries: NULL (1), an f32 tensor of one element (rank 0 to 2) or
 // of shape [batch] (dense or with stride 0, 2 or 3), now and then on pinned host memory, holding
 // one drawn value per request. A third of the tensors get one defect; an eighth of the others are
@@ -525,15 +543,7 @@ RequestScale add_request_scale(FuzzedDataProvider& in, Rng& rng, Call& c, const 
       std::memcpy(base + 4 * offsets[i], &drawn[i % drawn.size()], sizeof(float));
     }
   }
-  // What request b reads: element 0 of a one-element tensor, element b of a [batch] one.
-  const bool one = numel(s) == 1, per_request = s.shape.size() == 1 && s.shape[0] == batch;
-  if (readable && (one || per_request)) {
-    for (int64_t b = 0; b < batch; ++b) {
-      float v = 0.0f;
-      std::memcpy(&v, base + 4 * (one ? 0 : offsets[static_cast<size_t>(b)]), sizeof(v));
-      r.values.push_back(v);
-    }
-  }
+  r.values = request_values(s, batch);
   call_description() +=
       describe(s) + (r.inside ? std::string(" inside ") + r.inside : "") + " values";
   for (float v : r.values) call_description() += " " + std::to_string(v);
@@ -667,8 +677,10 @@ void fuzz_mla_decode(FuzzedDataProvider& in, Rng& rng, bool scheduled) {
     const int64_t batch = t[0].shape.empty() ? 0 : std::clamp<int64_t>(t[0].shape[0], 0, 64);
     std::vector<const FuzzTensor*> outputs = {&t[4], &t[5]};
     if (scheduled) outputs.push_back(&t[6]);
-    const RequestScale qs = add_request_scale(in, rng, c, "q_scale", batch, outputs);
+    RequestScale qs = add_request_scale(in, rng, c, "q_scale", batch, outputs);
     const RequestScale ks = add_request_scale(in, rng, c, "k_scale", batch, outputs);
+    // k_scale placed inside the same output as q_scale may have overwritten q_scale's values.
+    qs.values = request_values(*qs.tensor, batch);
     status = scheduled ? mlakit_mla_decode_scheduled_tensor_scale(
                              t[0].ptr(), t[1].ptr(), t[2].ptr(), t[3].ptr(), t[4].ptr(), t[5].ptr(),
                              rank, scale, kv_format, qs.tensor->ptr(), ks.tensor->ptr(), schedule,
