@@ -2,7 +2,6 @@
 // layer grids against the measured roofline) and `info`.
 // Exit codes: 0 success, 1 `run --verify` found errors above tolerance, 2 bad flags or an error.
 #include <CLI/CLI.hpp>
-#include <cerrno>
 #include <charconv>
 #include <cmath>
 #include <cstdint>
@@ -263,16 +262,11 @@ int run_command(const RunOptions& options) {
   return verify_passed ? 0 : kExitVerifyFailed;
 }
 
-// MLAKIT_NUM_THREADS as the library reads it (a leading integer in [1, 65535], e.g. "4" or "4,2");
-// anything else is ignored by the library (it falls back to OMP_NUM_THREADS, then the affinity
-// mask), which the command says on stderr rather than silently.
+// The library ignores a MLAKIT_NUM_THREADS that sets no thread count (thread_count_setting; it
+// falls back to OMP_NUM_THREADS, then the affinity mask): the command says so on stderr.
 void warn_about_thread_count() {
   const char* text = std::getenv("MLAKIT_NUM_THREADS");
-  if (text == nullptr) return;
-  char* end = nullptr;
-  errno = 0;
-  const long value = std::strtol(text, &end, 10);
-  if (end != text && errno == 0 && value >= 1 && value <= 65535) return;
+  if (text == nullptr || mlakit::thread_count_setting(text) > 0) return;
   std::cerr << "mlakit: warning: MLAKIT_NUM_THREADS=\"" << text
             << "\" is not a thread count in [1, 65535]; ignored, using "
             << mlakit::cpu_num_threads() << " threads (OMP_NUM_THREADS, else the affinity mask)\n";
@@ -293,7 +287,9 @@ int main(int argc, char** argv) {
   CLI::App* info = app.add_subcommand("info", "version, build options, backends, CPU and GPU");
   // CLI11 reports a word that is no subcommand as "A subcommand is required": name it instead.
   const std::string first = argc > 1 ? argv[1] : "";
-  if (!first.empty() && first[0] != '-' && first != "run" && first != "bench" && first != "info") {
+  const bool known =
+      !app.get_subcommands([&](CLI::App* sub) { return sub->check_name(first); }).empty();
+  if (!first.empty() && first[0] != '-' && !known) {
     std::cerr << "mlakit: error: unknown subcommand \"" << argv[1]
               << "\" (expected run, bench or info; see mlakit --help)\n";
     return kExitError;

@@ -12,4 +12,8 @@ namespace mlakit {
 // warns about such a MLAKIT_NUM_THREADS on stderr.
 int cpu_num_threads();
 
+// The thread count a MLAKIT_NUM_THREADS or OMP_NUM_THREADS value sets: the integer at its start
+// when in [1, 65535] ("4", "4,2"), else 0 (the variable is ignored). nullptr gives 0.
+int thread_count_setting(const char* text);
+
 }  // namespace mlakit

@@ -11,20 +11,14 @@
 #include <mutex>
 #include <thread>
 
+#include "mlakit/threads.hpp"
+
 namespace mlakit::cpu {
 namespace {
 
-// The positive integer at the start of `text` (e.g. "4" or "4,2"), or 0.
-int leading_count(const char* text) {
-  if (text == nullptr) return 0;
-  char* end = nullptr;
-  const long value = std::strtol(text, &end, 10);
-  return end != text && value > 0 && value < (1 << 16) ? static_cast<int>(value) : 0;
-}
-
 int threads_from_environment() {
-  if (const int n = leading_count(std::getenv("MLAKIT_NUM_THREADS"))) return n;
-  if (const int n = leading_count(std::getenv("OMP_NUM_THREADS"))) return n;
+  if (const int n = thread_count_setting(std::getenv("MLAKIT_NUM_THREADS"))) return n;
+  if (const int n = thread_count_setting(std::getenv("OMP_NUM_THREADS"))) return n;
   cpu_set_t allowed;
   if (sched_getaffinity(0, sizeof(allowed), &allowed) == 0) return std::max(1, CPU_COUNT(&allowed));
   return static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
