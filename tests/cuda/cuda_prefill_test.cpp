@@ -3,10 +3,10 @@
 // batches (empty requests, lengths that are not multiples of the 64-row / 64-key tiles, fewer
 // keys than queries), causal and not, 1 / 16 / 128 heads, bf16 and f16, k_nope and v as strided
 // views of one [S, N, 256] kv_b_proj output, out with head stride 192 (padding must stay
-// untouched), out f32 from bf16 inputs, lse present or absent, unaligned rows (the scalar load
-// path), and every error: the CPU validation's messages, what only CUDA rejects, and bad
-// cu_seqlens values reported by the device. Out and lse start NaN, so every row must be written.
-// Skips without a GPU.
+// untouched; column pairs stored at once) or 193 (one store per element), out f32 from bf16 inputs,
+// lse present or absent, unaligned rows (the scalar load path), and every error: the CPU
+// validation's messages, what only CUDA rejects, and bad cu_seqlens values reported by the device.
+// Out and lse start NaN, so every row must be written. Skips without a GPU.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -50,6 +50,8 @@ struct Case {
   bool causal = true;
   bool with_lse = true;
   int64_t q_pad = 8;  // extra elements per q head row: 8 keeps rows 16-byte aligned, 3 does not
+  // out's head stride: even (192) lets the epilogue store column pairs at once, odd does not
+  int64_t out_head_stride = kOutHeadStride;
   int64_t extra_tokens = 0, extra_keys = 0;  // rows past the last request
   bool hashed_inputs = false;                // hashed_uniform_tensor instead of normal draws
 };
@@ -149,7 +151,7 @@ struct Outputs {
   TensorView out() const { return out_buf.view().narrow(2, 0, kDv); }
 };
 Outputs nan_outputs(const Inputs& in) {
-  return {test::nan_tensor({in.tokens, in.c.heads, kOutHeadStride}, in.c.out_dtype),
+  return {test::nan_tensor({in.tokens, in.c.heads, in.c.out_head_stride}, in.c.out_dtype),
           test::nan_tensor({in.c.heads, in.tokens}, DType::kF32)};
 }
 
@@ -196,7 +198,7 @@ void expect_matches(const char* backend, const Inputs& in, const Outputs& o, con
     EXPECT_TRUE(test::all_close(o.lse, std::vector<double>(o.lse.numel(), NAN), {0, 0}))
         << "lse written although omitted";
   }
-  const TensorView padding = o.out_buf.view().narrow(2, kDv, kOutHeadStride - kDv);
+  const TensorView padding = o.out_buf.view().narrow(2, kDv, in.c.out_head_stride - kDv);
   EXPECT_TRUE(test::all_close(padding, std::vector<double>(padding.numel(), NAN), {0, 0}))
       << "out was written past its head size";
 }
@@ -527,6 +529,22 @@ TEST(CudaPrefill, UnalignedRowsTakeTheScalarLoadPath) {
     Case c;
     c.q_pad = 3;
     c.causal = causal;
+    c.sq = {70, 9};
+    c.sk = {100, 9};
+    SCOPED_TRACE(describe(c));
+    check_case(rng, c);
+  }
+}
+
+TEST(CudaPrefill, OddOutHeadStrideTakesTheElementStorePath) {
+  // out's head stride 193: no column pair of an odd head is aligned for one 4- or 8-byte store.
+  MLAKIT_SKIP_WITHOUT_GPU();
+  auto rng = test::make_rng(69);
+  for (DType out_dtype : {DType::kBF16, DType::kF32}) {
+    Case c;
+    c.heads = 3;
+    c.out_dtype = out_dtype;
+    c.out_head_stride = kOutHeadStride + 1;
     c.sq = {70, 9};
     c.sk = {100, 9};
     SCOPED_TRACE(describe(c));

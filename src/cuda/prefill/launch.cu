@@ -24,15 +24,19 @@ using prefill::kPrefillOp;
 constexpr int64_t kMaxGridYZ = 65535;
 constexpr float kLog2e = 1.44269504088896340736f;  // scores are kept in log2 units
 
-// True when every 16-byte chunk the kernel copies starts 16-byte aligned: base addresses and
-// row/head strides multiples of 16 bytes, and the innermost dimension contiguous.
-bool rows_are_16_byte_chunks(const TensorView& t) {
+// True when t's innermost dimension is contiguous and every chunk of `bytes` bytes that starts at
+// a multiple of `bytes` within a row starts `bytes`-aligned in memory: the base address and the
+// row/head strides (in bytes) are multiples of `bytes` (a power of two, at most 16).
+bool rows_are_chunks_of(const TensorView& t, int64_t bytes) {
   if (t.strides[t.ndim - 1] != 1) return false;
   const int64_t elem = t.element_size();
   uint64_t outer = 0;
   for (int d = 0; d + 1 < t.ndim; ++d) outer |= static_cast<uint64_t>(t.strides[d] * elem);
-  return common_alignment({address(t.data), outer}) == 16;
+  return common_alignment({address(t.data), outer}) >= bytes;
 }
+
+// The kernels copy q / K / V rows in 16-byte chunks (TMA or cp.async) when this holds.
+bool rows_are_16_byte_chunks(const TensorView& t) { return rows_are_chunks_of(t, 16); }
 
 }  // namespace
 
@@ -92,6 +96,8 @@ void mla_prefill(const TensorView& q, const TensorView& k_nope, const TensorView
   p.causal = causal;
   p.vector_loads = rows_are_16_byte_chunks(q) && rows_are_16_byte_chunks(k_nope) &&
                    rows_are_16_byte_chunks(k_pe) && rows_are_16_byte_chunks(v);
+  // The epilogue writes a thread's two adjacent output columns (even first column) with one store.
+  p.out_pairs = rows_are_chunks_of(out, 2 * out.element_size());
 
   DeviceGuard guard(q.device, kPrefillOp);
   p.error_word = device_error_word(kPrefillOp);

@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstdint>
 
+#include "cuda/common/pack.cuh"
 #include "cuda/common/quad.cuh"
 #include "cuda/prefill/params.cuh"
 #include "cuda/prefill/request.cuh"
@@ -100,11 +101,22 @@ __device__ __forceinline__ void store_rows(const PrefillParams& p, const Request
     const int64_t token = r.q_begin + row + 8 * h;
     const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
     typename Out::Storage* dst = out_ptr + token * p.out_stride[0] + head * p.out_stride[1];
+    if (p.out_pairs) {  // columns col, col + 1 adjacent and the pair aligned: one store
 #pragma unroll
-    for (int j = 0; j < kOutTiles; ++j) {
-      const int col = j * 8 + (lane % 4) * 2;
-      dst[col * p.out_stride[2]] = Out::store(out(j, 2 * h) * inv);
-      dst[(col + 1) * p.out_stride[2]] = Out::store(out(j, 2 * h + 1) * inv);
+      for (int j = 0; j < kOutTiles; ++j) {
+        const int col = j * 8 + (lane % 4) * 2;
+        Pack<typename Out::Storage, 2> pair;
+        pair.v[0] = Out::store(out(j, 2 * h) * inv);
+        pair.v[1] = Out::store(out(j, 2 * h + 1) * inv);
+        *reinterpret_cast<Pack<typename Out::Storage, 2>*>(dst + col) = pair;
+      }
+    } else {
+#pragma unroll
+      for (int j = 0; j < kOutTiles; ++j) {
+        const int col = j * 8 + (lane % 4) * 2;
+        dst[col * p.out_stride[2]] = Out::store(out(j, 2 * h) * inv);
+        dst[(col + 1) * p.out_stride[2]] = Out::store(out(j, 2 * h + 1) * inv);
+      }
     }
     if (p.lse != nullptr && lane % 4 == 0) {
       p.lse[head * p.lse_stride[0] + token * p.lse_stride[1]] =

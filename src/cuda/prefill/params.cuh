@@ -34,6 +34,7 @@ struct PrefillParams {
   float scale_log2;      // softmax scale * log2(e): scores are kept in log2 units (exp2 is cheap)
   bool causal;           // bottom-right causal mask
   bool vector_loads;     // rows 16-byte aligned, dims contiguous: TMA, or 16-byte cp.async
+  bool out_pairs;        // out's dim contiguous, its column pairs aligned: one store per pair
 };
 
 }  // namespace mlakit::cuda::prefill
