@@ -172,6 +172,12 @@ __device__ __forceinline__ void decode_segment_wgmma(const DecodeKernelParams& p
   auto stage = [&](int tile) {
     return smem + Cfg::kStageOffset + (tile % Cfg::kStages) * kTileBytes;
   };
+  // The same for whole warps: the stage index broadcast from lane 0, so that ptxas sees it
+  // warp-uniform and keeps the wgmma descriptors derived from it in uniform registers.
+  auto warp_stage = [&](int tile) {
+    const int st = __shfl_sync(0xffffffffu, tile % Cfg::kStages, 0);
+    return smem + Cfg::kStageOffset + st * kTileBytes;
+  };
   auto smem_t = [](uint8_t* bytes) { return make_smem_ptr(reinterpret_cast<T*>(bytes)); };
   // The mbarrier of column block `block` of stage `st`.
   const uint32_t full_barriers = smem_addr(smem + Cfg::kFullBarrierOffset);
@@ -207,8 +213,8 @@ __device__ __forceinline__ void decode_segment_wgmma(const DecodeKernelParams& p
       for (int j = 0; j < size<1>(o); ++j) o(h, j) *= alpha[h];
     }
     const auto p_desc = thr_o.partition_fragment_A(  // (MMA, 1, 4 k blocks)
-        make_tensor(smem_t(stage(t) + Cfg::kPInStageOffset), typename L::P{}));
-    const auto v_desc = thr_o.partition_fragment_B(make_tensor(smem_t(stage(t)), typename L::Vt{}));
+        make_tensor(smem_t(warp_stage(t) + Cfg::kPInStageOffset), typename L::P{}));
+    const auto v_desc = thr_o.partition_fragment_B(make_tensor(smem_t(warp_stage(t)), typename L::Vt{}));
     warpgroup_gemm(mma_o, p_desc, v_desc, acc_o, true);
   };
 
@@ -343,7 +349,7 @@ __device__ __forceinline__ void decode_segment_wgmma(const DecodeKernelParams& p
         named_barrier_sync(kScoresZeroed, kWarpgroupThreads);
       }
       const auto k_desc =
-          thr_s.partition_fragment_B(make_tensor(smem_t(stage(t)), typename L::Operand{}));
+          thr_s.partition_fragment_B(make_tensor(smem_t(warp_stage(t)), typename L::Operand{}));
       // S = q K_t^T, in batches of kScoreBatchBlocks column blocks as they land: per batch the
       // waits for its blocks, a fence, its MMAs and a commit (the MMAs of earlier batches stay in
       // flight); then one wait for all.
@@ -371,7 +377,7 @@ __device__ __forceinline__ void decode_segment_wgmma(const DecodeKernelParams& p
       warpgroup_fence_operand(acc_s);
 
       // scale, mask, row max, online softmax; P over the stage's rope columns
-      const auto sP = make_tensor(smem_t(stage(t) + Cfg::kPInStageOffset), typename L::P{});
+      const auto sP = make_tensor(smem_t(warp_stage(t) + Cfg::kPInStageOffset), typename L::P{});
       float alpha[2];
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
