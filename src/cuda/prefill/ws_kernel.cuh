@@ -153,11 +153,15 @@ __global__ void __launch_bounds__(T::kThreads, 1)
   const int ct = static_cast<int>(threadIdx.x) - 128;  // 0..255: the consumers' thread index
   typename T::MmaQK mma_qk;
   typename T::MmaPV mma_pv;
-  auto thread_qk = mma_qk.get_thread_slice(ct);
-  auto thread_pv = mma_pv.get_thread_slice(ct);
-  auto tSrQ = thread_qk.partition_fragment_A(sQ);   // descriptors (MMA, MMA_M, MMA_K)
-  auto tSrK = thread_qk.partition_fragment_B(sK);   // (MMA, MMA_N, MMA_K, stage)
-  auto tOrV = thread_pv.partition_fragment_B(sVt);  // (MMA, MMA_N, MMA_K, stage)
+  // The shared-memory operands' descriptors depend only on the warpgroup: taken for its first
+  // thread, broadcast from lane 0, ptxas sees them warp-uniform and keeps them in uniform
+  // registers (no R2UR before each wgmma).
+  const int warpgroup_first = __shfl_sync(0xffffffffu, ct & ~127, 0);
+  auto operands_qk = mma_qk.get_thread_slice(warpgroup_first);
+  auto operands_pv = mma_pv.get_thread_slice(warpgroup_first);
+  auto tSrQ = operands_qk.partition_fragment_A(sQ);   // descriptors (MMA, MMA_M, MMA_K)
+  auto tSrK = operands_qk.partition_fragment_B(sK);   // (MMA, MMA_N, MMA_K, stage)
+  auto tOrV = operands_pv.partition_fragment_B(sVt);  // (MMA, MMA_N, MMA_K, stage)
   auto tSrS = partition_fragment_C(mma_qk, Shape<Int<kBlockM>, Int<kBlockN>>{});
   auto tOrO = partition_fragment_C(mma_pv, Shape<Int<kBlockM>, Int<kHeadDimV>>{});
   static_assert(size(tSrS) == kScoreTiles * 4 && size(tOrO) == kOutTiles * 4,
