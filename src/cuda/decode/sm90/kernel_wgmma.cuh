@@ -214,7 +214,8 @@ __device__ __forceinline__ void decode_segment_wgmma(const DecodeKernelParams& p
     }
     const auto p_desc = thr_o.partition_fragment_A(  // (MMA, 1, 4 k blocks)
         make_tensor(smem_t(warp_stage(t) + Cfg::kPInStageOffset), typename L::P{}));
-    const auto v_desc = thr_o.partition_fragment_B(make_tensor(smem_t(warp_stage(t)), typename L::Vt{}));
+    const auto v_desc =
+        thr_o.partition_fragment_B(make_tensor(smem_t(warp_stage(t)), typename L::Vt{}));
     warpgroup_gemm(mma_o, p_desc, v_desc, acc_o, true);
   };
 
