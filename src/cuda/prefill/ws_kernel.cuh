@@ -159,8 +159,8 @@ __global__ void __launch_bounds__(T::kThreads, 1)
         if (g >= kStages) mbarrier_wait(bar(bars->v_empty[stage]), empty_parity);
         const uint32_t v_full = bar(bars->v_full[stage]);
         mbarrier_arrive_expect_tx(v_full, T::kVStageBytes);
-        load_column_blocks(v_dst + stage * T::kVStageBytes, v_map, v_full, kBlocksV, kBlockN,
-                           head, key0);
+        load_column_blocks(v_dst + stage * T::kVStageBytes, v_map, v_full, kBlocksV, kBlockN, head,
+                           key0);
       }
     }
     return;
