@@ -6,7 +6,8 @@
 // untouched; column pairs stored at once) or 193 (one store per element), out f32 from bf16 inputs,
 // lse present or absent, unaligned rows (the scalar load path), and every error: the CPU
 // validation's messages, what only CUDA rejects, and bad cu_seqlens values reported by the device.
-// Out and lse start NaN, so every row must be written. Skips without a GPU.
+// Out and lse start NaN, so every row must be written. Batches of at most 1024 keys run the
+// warp-specialized kernel with two heads per block, longer ones with one. Skips without a GPU.
 #include <gtest/gtest.h>
 
 #include <algorithm>

@@ -74,6 +74,16 @@ inline std::optional<PrefillTensorMaps> make_prefill_tensor_maps(const PrefillPa
   return PrefillTensorMaps{*q, *k_nope, *k_pe, *v};
 }
 
+// Heads per block of the warp-specialized kernel. Two when no request has more than
+// kPairedHeadsMaxKeys keys: a block then has at most 8 key tiles of 128, and its fixed cost (start,
+// first loads, epilogue) is a large share of it; measured on an H100 (bench/results/
+// 2026-12-07-h100-prefill-head-pairs-ab.md) 16 x 1024 causal -8.4 % (h128) / -1.9 % (h16), while
+// rows of 4096 keys and more lost 1-2 % with two heads, so they keep one.
+constexpr int64_t kPairedHeadsMaxKeys = 1024;
+inline int ws_heads_per_block(const PrefillParams& p) {
+  return p.max_seqlen_k <= kPairedHeadsMaxKeys ? 2 : 1;
+}
+
 template <class In>
 void launch_prefill_kernel(const PrefillParams& p, int64_t heads, DType out_dtype,
                            cudaStream_t stream) {
@@ -83,7 +93,9 @@ void launch_prefill_kernel(const PrefillParams& p, int64_t heads, DType out_dtyp
         p.vector_loads ? make_prefill_tensor_maps(p, heads) : std::nullopt;
     if (maps) {
       using W = ws::Traits<In>;
-      launch(ws::prefill_ws_kernel<In, Out>, "prefill_ws_kernel", p, heads, W::kHeadsPerBlock,
+      PrefillParams wp = p;
+      wp.heads_per_block = ws_heads_per_block(p);
+      launch(ws::prefill_ws_kernel<In, Out>, "prefill_ws_kernel", wp, heads, wp.heads_per_block,
              W::kBlockM, W::kThreads, W::kSmemBytes, stream, maps->q, maps->k_nope, maps->k_pe,
              maps->v);
     } else {

@@ -1,8 +1,8 @@
 // Device code of the warp-specialized prefill kernel (sm_90a; docs/kernels/prefill_sm90.md,
 // "The warp-specialized kernel").
 //
-// Block = (128 query rows, kHeadsPerBlock heads, request), the heads one after the other (items),
-// three warpgroups:
+// Block = (128 query rows, p.heads_per_block heads, request), the heads one after the other
+// (items), three warpgroups:
 //   producer   (threads 0-127, 40 registers) its first thread issues every copy by TMA: per item
 //              the Q tile [128, 192] (once the consumers are done with the previous item's), then
 //              per key tile of 128 K [128, k_nope 128 | k_pe 64] and V [128, 128] into a ring of
@@ -52,11 +52,6 @@ struct Traits : wgmma::Traits<In, 2, 128> {
   // barrier addresses), the consumers take 232 (2 x 232 + 40 = 3 x 168).
   static constexpr int kProducerRegisters = 40;
   static constexpr int kConsumerRegisters = 232;
-  // Heads per block, computed one after the other: every item but the first finds its Q and first
-  // tiles loaded during the previous item's end, and the block's start (barriers, request lookup)
-  // is paid once per kHeadsPerBlock items. The items have the same key tiles (same rows, same
-  // request), so the blocks' work stays as even as with one head.
-  static constexpr int kHeadsPerBlock = 2;
   // K and V of a stage have their own barriers: K is done with after S = Q K^T, V only after the
   // next tile's S (P V runs one tile behind), so each is refilled as soon as it is free.
   struct Barriers {
@@ -95,8 +90,11 @@ __global__ void __launch_bounds__(T::kThreads, 1)
   auto sV = make_tensor(make_smem_ptr(storage->v.data()), typename T::SmemLayoutV{});
   auto sVt = make_tensor(make_smem_ptr(storage->v.data()), typename T::SmemLayoutVt{});
 
-  const int head0 = blockIdx.y * T::kHeadsPerBlock, b = blockIdx.z;
-  const int items = min(T::kHeadsPerBlock, p.heads - head0);  // heads [head0, head0 + items)
+  // Every item but the first finds its Q and first tiles loaded during the previous item's end,
+  // and the block's start (barriers, request lookup) is paid once per block. The items have the
+  // same key tiles (same rows, same request), so the blocks' work stays as even as with one head.
+  const int head0 = blockIdx.y * p.heads_per_block, b = blockIdx.z;
+  const int items = min(p.heads_per_block, p.heads - head0);  // heads [head0, head0 + items)
   Request r;
   if (!resolve_request<Out>(p, head0, items, b, r)) return;
   // Reversed: the blocks launched first hold the last rows, which see the most keys (causal).
