@@ -1,12 +1,13 @@
 // ops::mla_prefill on CUDA tensors against the fp64 attention of tests/reference (K built as
 // [k_nope | k_pe broadcast over heads]) and against the CPU op on the same bytes: random varlen
 // batches (empty requests, lengths that are not multiples of the 64-row / 64-key tiles, fewer
-// keys than queries), causal and not, 1 / 16 / 128 heads, bf16 and f16, k_nope and v as strided
+// keys than queries), causal and not, 1-5 / 16 / 128 heads, bf16 and f16, k_nope and v as strided
 // views of one [S, N, 256] kv_b_proj output, out with head stride 192 (padding must stay
 // untouched; column pairs stored at once) or 193 (one store per element), out f32 from bf16 inputs,
 // lse present or absent, unaligned rows (the scalar load path), and every error: the CPU
 // validation's messages, what only CUDA rejects, and bad cu_seqlens values reported by the device.
-// Out and lse start NaN, so every row must be written. Skips without a GPU.
+// Out and lse start NaN, so every row must be written. Batches of at most 1024 keys run the
+// warp-specialized kernel with two heads per block, longer ones with one. Skips without a GPU.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -226,13 +227,15 @@ std::string describe(const Case& c) {
 TEST(CudaPrefill, RandomVarlenBatchesMatchReferenceAndCpu) {
   MLAKIT_SKIP_WITHOUT_GPU();
   auto rng = test::make_rng(60);
-  std::uniform_int_distribution<int64_t> batch(1, 5), len(0, 300), coin(0, 3);
+  // heads 1-5: odd counts leave the warp-specialized kernel's last block of heads one head short
+  std::uniform_int_distribution<int64_t> batch(1, 5), len(0, 300), coin(0, 3), heads(1, 5);
   for (DType dtype : {DType::kBF16, DType::kF16}) {
     for (bool causal : {true, false}) {
       for (int trial = 0; trial < 2; ++trial) {
         Case c;
         c.dtype = c.out_dtype = dtype;
         c.causal = causal;
+        c.heads = heads(rng);
         const int64_t b = batch(rng);
         for (int64_t i = 0; i < b; ++i) {
           c.sq.push_back(coin(rng) == 0 ? 0 : len(rng));
@@ -478,6 +481,7 @@ TEST(CudaPrefill, EmptyRequestsAndRowsPastTheLastRequest) {
   for (bool causal : {true, false}) {
     Case c;
     c.causal = causal;
+    c.heads = 3;  // the rows past the last request are written for every head of a block's heads
     c.sq = {0, 5, 70, 0, 3};
     c.sk = {4, 0, 70, 0, 20};
     c.extra_tokens = 130;  // more than max_seqlen_q: the tail block strides over them

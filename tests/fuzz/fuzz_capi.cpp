@@ -512,7 +512,7 @@ RequestScale add_request_scale(FuzzedDataProvider& in, Rng& rng, Call& c, const 
   const bool defect = !s.absent && in.ConsumeIntegralInRange(0, 2) == 0;
   if (defect) mutate(in, s);  // which may make it NULL
   if (s.absent) {
-    r.values.assign(static_cast<size_t>(batch), 1.0f);
+    r.values = request_values(s, batch);
     call_description() += describe(s) + "; ";
     return r;
   }

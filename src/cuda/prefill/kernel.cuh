@@ -213,7 +213,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm)
   const int warp = threadIdx.x / kWarpSize, lane = threadIdx.x % kWarpSize;
 
   Request r;
-  if (!resolve_request<Out>(p, head, b, r)) return;
+  if (!resolve_request<Out>(p, head, 1, b, r)) return;
   const int64_t q_begin = r.q_begin, k_begin = r.k_begin;
   const int sq = r.sq, sk = r.sk;
   // First query row of the block within the request. Reversed: the blocks launched first hold

@@ -91,6 +91,7 @@ void mla_prefill(const TensorView& q, const TensorView& k_nope, const TensorView
   p.keys = k_nope.shape[0];
   p.max_seqlen_q = max_seqlen_q;
   p.max_seqlen_k = max_seqlen_k;
+  p.heads = static_cast<int>(heads);
   p.batch = static_cast<int>(batch);
   p.scale_log2 = scale * kLog2e;
   p.causal = causal;

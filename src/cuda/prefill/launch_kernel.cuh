@@ -19,15 +19,17 @@
 
 namespace mlakit::cuda::prefill {
 
-// Grid: x = query tiles of the longest request, y = heads, z = requests + 1 (the last z writes
-// the rows past the last request). Blocks past their request's length exit at once; no host
-// knowledge of the lengths is needed.
+// Grid: x = query tiles of the longest request, y = groups of heads_per_block heads, z = requests
+// + 1 (the last z writes the rows past the last request). Blocks past their request's length exit
+// at once; no host knowledge of the lengths is needed.
 // `extra`: the kernel's arguments after p.
 template <class Kernel, class... Extra>
-void launch(Kernel kernel, const char* name, const PrefillParams& p, int64_t heads, int block_rows,
-            int threads, int smem_bytes, cudaStream_t stream, const Extra&... extra) {
+void launch(Kernel kernel, const char* name, const PrefillParams& p, int64_t heads,
+            int heads_per_block, int block_rows, int threads, int smem_bytes, cudaStream_t stream,
+            const Extra&... extra) {
   const int64_t query_tiles = std::max<int64_t>(1, (p.max_seqlen_q + block_rows - 1) / block_rows);
-  const dim3 grid(static_cast<unsigned>(query_tiles), static_cast<unsigned>(heads),
+  const int64_t head_groups = (heads + heads_per_block - 1) / heads_per_block;
+  const dim3 grid(static_cast<unsigned>(query_tiles), static_cast<unsigned>(head_groups),
                   static_cast<unsigned>(p.batch + 1));
   // Above 48 KiB a block needs the opt-in limit (not a stream operation: graph-capture safe).
   set_max_dynamic_smem(reinterpret_cast<const void*>(kernel), smem_bytes, kPrefillOp);
@@ -72,6 +74,16 @@ inline std::optional<PrefillTensorMaps> make_prefill_tensor_maps(const PrefillPa
   return PrefillTensorMaps{*q, *k_nope, *k_pe, *v};
 }
 
+// Heads per block of the warp-specialized kernel. Two when no request has more than
+// kPairedHeadsMaxKeys keys: a block then has at most 8 key tiles of 128, and its fixed cost (start,
+// first loads, epilogue) is a large share of it; measured on an H100 (bench/results/
+// 2026-12-07-h100-prefill-head-pairs-ab.md) 16 x 1024 causal -8.4 % (h128) / -1.9 % (h16), while
+// rows of 4096 keys and more lost 1-2 % with two heads, so they keep one.
+constexpr int64_t kPairedHeadsMaxKeys = 1024;
+inline int ws_heads_per_block(const PrefillParams& p) {
+  return p.max_seqlen_k <= kPairedHeadsMaxKeys ? 2 : 1;
+}
+
 template <class In>
 void launch_prefill_kernel(const PrefillParams& p, int64_t heads, DType out_dtype,
                            cudaStream_t stream) {
@@ -81,10 +93,13 @@ void launch_prefill_kernel(const PrefillParams& p, int64_t heads, DType out_dtyp
         p.vector_loads ? make_prefill_tensor_maps(p, heads) : std::nullopt;
     if (maps) {
       using W = ws::Traits<In>;
-      launch(ws::prefill_ws_kernel<In, Out>, "prefill_ws_kernel", p, heads, W::kBlockM, W::kThreads,
-             W::kSmemBytes, stream, maps->q, maps->k_nope, maps->k_pe, maps->v);
+      PrefillParams wp = p;
+      wp.heads_per_block = ws_heads_per_block(p);
+      launch(ws::prefill_ws_kernel<In, Out>, "prefill_ws_kernel", wp, heads, wp.heads_per_block,
+             W::kBlockM, W::kThreads, W::kSmemBytes, stream, maps->q, maps->k_nope, maps->k_pe,
+             maps->v);
     } else {
-      launch(prefill_kernel<In, Out>, "prefill_kernel", p, heads, kBlockM, kThreads,
+      launch(prefill_kernel<In, Out>, "prefill_kernel", p, heads, 1, kBlockM, kThreads,
              static_cast<int>(sizeof(SharedStorage)), stream);
     }
   });

@@ -32,11 +32,11 @@ __device__ void write_uncovered_rows(const PrefillParams& p, int head, int64_t f
   }
 }
 
-// Block (x, head, b): true with `r` filled when b is a request; false when the block has no tiles
-// to compute: it wrote the uncovered rows (b == B) or found invalid cu_seqlens (error word raised
-// by one block, nothing read or written).
+// Block (x, heads [head, head + heads), b): true with `r` filled when b is a request; false when
+// the block has no tiles to compute: it wrote its heads' uncovered rows (b == B) or found invalid
+// cu_seqlens (error word raised by one block, nothing read or written).
 template <class Out>
-__device__ bool resolve_request(const PrefillParams& p, int head, int b, Request& r) {
+__device__ bool resolve_request(const PrefillParams& p, int head, int heads, int b, Request& r) {
   const int64_t q_begin = p.cu_seqlens_q[b * p.cu_seqlens_q_stride];
   const bool reporter = threadIdx.x == 0 && blockIdx.x == 0 && head == 0;
   if (b == p.batch) {  // the rows past the last request
@@ -44,7 +44,7 @@ __device__ bool resolve_request(const PrefillParams& p, int head, int b, Request
       if (reporter) raise_device_error(p.error_word, kPrefillBadSeqlens);
       return false;
     }
-    write_uncovered_rows<Out>(p, head, q_begin);
+    for (int h = head; h < head + heads; ++h) write_uncovered_rows<Out>(p, h, q_begin);
     return false;
   }
   const int64_t q_end = p.cu_seqlens_q[(b + 1) * p.cu_seqlens_q_stride];

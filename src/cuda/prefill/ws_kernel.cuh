@@ -1,12 +1,15 @@
 // Device code of the warp-specialized prefill kernel (sm_90a; docs/kernels/prefill_sm90.md,
 // "The warp-specialized kernel").
 //
-// Block = (128 query rows, head, request), three warpgroups:
-//   producer   (threads 0-127, 40 registers) its first thread issues every copy by TMA: the Q
-//              tile [128, 192] once, then per key tile of 128 K [128, k_nope 128 | k_pe 64]
-//              and V [128, 128] into a ring of kStages (2) stages, each stage announced on a `full`
+// Block = (128 query rows, p.heads_per_block heads, request), the heads one after the other
+// (items), three warpgroups:
+//   producer   (threads 0-127, 40 registers) its first thread issues every copy by TMA: per item
+//              the Q tile [128, 192] (once the consumers are done with the previous item's), then
+//              per key tile of 128 K [128, k_nope 128 | k_pe 64] and V [128, 128] into a ring of
+//              kStages (2) stages that runs on across items, each stage announced on a `full`
 //              mbarrier (transaction bytes) and refilled once both consumers released it on its
-//              `empty` mbarrier;
+//              `empty` mbarrier; so the next item's Q and first tiles land while the consumers
+//              finish the current one (its last P V and its epilogue);
 //   consumers  (threads 128-383, 232 registers) 64 query rows each, per tile: S = Q K^T (wgmma
 //              m64n128k16), online softmax on S's registers, O += P V (P from registers), then
 //              release the stage. No CTA barrier per tile: a consumer waits only for its tile.
@@ -57,6 +60,7 @@ struct Traits : wgmma::Traits<In, 2, 128> {
     uint64_t k_empty[Base::kStages];  // every consumer warp is done with the stage's K
     uint64_t v_empty[Base::kStages];  // ... with the stage's V
     uint64_t q_full;                  // the Q tile has landed
+    uint64_t q_empty;                 // every consumer warp is done with the item's Q
   };
   static constexpr int kSmemBytes = Base::kSmemBytes + static_cast<int>(sizeof(Barriers));
   static_assert(kSmemBytes <= 227 * 1024, "one block must fit sm_90's 227 KiB opt-in limit");
@@ -86,9 +90,13 @@ __global__ void __launch_bounds__(T::kThreads, 1)
   auto sV = make_tensor(make_smem_ptr(storage->v.data()), typename T::SmemLayoutV{});
   auto sVt = make_tensor(make_smem_ptr(storage->v.data()), typename T::SmemLayoutVt{});
 
-  const int head = blockIdx.y, b = blockIdx.z;
+  // Every item but the first finds its Q and first tiles loaded during the previous item's end,
+  // and the block's start (barriers, request lookup) is paid once per block. The items have the
+  // same key tiles (same rows, same request), so the blocks' work stays as even as with one head.
+  const int head0 = blockIdx.y * p.heads_per_block, b = blockIdx.z;
+  const int items = min(p.heads_per_block, p.heads - head0);  // heads [head0, head0 + items)
   Request r;
-  if (!resolve_request<Out>(p, head, b, r)) return;
+  if (!resolve_request<Out>(p, head0, items, b, r)) return;
   // Reversed: the blocks launched first hold the last rows, which see the most keys (causal).
   const int row0 = (gridDim.x - 1 - blockIdx.x) * kBlockM;
   if (row0 >= r.sq) return;
@@ -105,6 +113,7 @@ __global__ void __launch_bounds__(T::kThreads, 1)
       mbarrier_init(bar(bars->v_empty[s]), T::kConsumerWarps);
     }
     mbarrier_init(bar(bars->q_full), 1);
+    mbarrier_init(bar(bars->q_empty), T::kConsumerWarps);
   }
   fence_mbarrier_init();  // the initialized mbarriers become visible to the TMA unit
   __syncthreads();        // the last CTA barrier: the roles part here
@@ -124,27 +133,33 @@ __global__ void __launch_bounds__(T::kThreads, 1)
     constexpr int kBlocksQ = kHeadDimQK / T::kColumnBlockValues;  // 3
     constexpr int kBlocksNope = kNope / T::kColumnBlockValues;    // 2
     constexpr int kBlocksV = kHeadDimV / T::kColumnBlockValues;   // 2
-    mbarrier_arrive_expect_tx(bar(bars->q_full), T::kQBytes);
-    load_column_blocks(smem_address(storage->q.data()), q_map, bar(bars->q_full), kBlocksQ, kBlockM,
-                       head, static_cast<int>(r.q_begin + row0));
     const uint32_t k_dst = smem_address(storage->k.data()), v_dst = smem_address(storage->v.data());
-    // K of tile t waits for S of tile t - kStages, V for P V of tile t - kStages.
-    for (int t = 0; t < key_tiles; ++t) {
-      const int stage = t % kStages, key0 = static_cast<int>(r.k_begin) + t * kBlockN;
-      const uint32_t empty_parity = ((t / kStages) - 1) & 1;
-      if (t >= kStages) mbarrier_wait(bar(bars->k_empty[stage]), empty_parity);
-      const uint32_t k_full = bar(bars->k_full[stage]);
-      mbarrier_arrive_expect_tx(k_full, T::kKStageBytes);
-      const uint32_t k_stage = k_dst + stage * T::kKStageBytes;
-      load_column_blocks(k_stage, k_nope_map, k_full, kBlocksNope, kBlockN, head, key0);
-      // k_pe, shared by the heads, after k_nope's column blocks.
-      load_column_blocks(k_stage + kBlocksNope * kBlockN * kSwizzleBytes, k_pe_map, k_full, 1,
-                         kBlockN, 0, key0);
-      if (t >= kStages) mbarrier_wait(bar(bars->v_empty[stage]), empty_parity);
-      const uint32_t v_full = bar(bars->v_full[stage]);
-      mbarrier_arrive_expect_tx(v_full, T::kVStageBytes);
-      load_column_blocks(v_dst + stage * T::kVStageBytes, v_map, v_full, kBlocksV, kBlockN, head,
-                         key0);
+    // g counts the ring's tiles across items: K of ring tile g waits for S of ring tile
+    // g - kStages, V for P V of ring tile g - kStages; item i's Q for the consumers' last S of
+    // item i - 1.
+    for (int item = 0, g = 0; item < items; ++item) {
+      const int head = head0 + item;
+      if (item > 0) mbarrier_wait(bar(bars->q_empty), (item - 1) & 1);
+      mbarrier_arrive_expect_tx(bar(bars->q_full), T::kQBytes);
+      load_column_blocks(smem_address(storage->q.data()), q_map, bar(bars->q_full), kBlocksQ,
+                         kBlockM, head, static_cast<int>(r.q_begin + row0));
+      for (int t = 0; t < key_tiles; ++t, ++g) {
+        const int stage = g % kStages, key0 = static_cast<int>(r.k_begin) + t * kBlockN;
+        const uint32_t empty_parity = ((g / kStages) - 1) & 1;
+        if (g >= kStages) mbarrier_wait(bar(bars->k_empty[stage]), empty_parity);
+        const uint32_t k_full = bar(bars->k_full[stage]);
+        mbarrier_arrive_expect_tx(k_full, T::kKStageBytes);
+        const uint32_t k_stage = k_dst + stage * T::kKStageBytes;
+        load_column_blocks(k_stage, k_nope_map, k_full, kBlocksNope, kBlockN, head, key0);
+        // k_pe, shared by the heads, after k_nope's column blocks.
+        load_column_blocks(k_stage + kBlocksNope * kBlockN * kSwizzleBytes, k_pe_map, k_full, 1,
+                           kBlockN, 0, key0);
+        if (g >= kStages) mbarrier_wait(bar(bars->v_empty[stage]), empty_parity);
+        const uint32_t v_full = bar(bars->v_full[stage]);
+        mbarrier_arrive_expect_tx(v_full, T::kVStageBytes);
+        load_column_blocks(v_dst + stage * T::kVStageBytes, v_map, v_full, kBlocksV, kBlockN, head,
+                           key0);
+      }
     }
     return;
   }
@@ -167,7 +182,6 @@ __global__ void __launch_bounds__(T::kThreads, 1)
   static_assert(size(tSrS) == kScoreTiles * 4 && size(tOrO) == kOutTiles * 4,
                 "one warpgroup's m64 accumulators: 4 values per n8 tile per thread");
   auto tOrP = make_tensor<Element>(Layout<Shape<Shape<_2, _2, _2>, _1, Int<kBlockN / 16>>>{});
-  clear(tOrO);
   auto score = [&](int j, int i) -> float& { return tSrS(4 * j + i); };
   auto out = [&](int j, int i) -> float& { return tOrO(4 * j + i); };
 
@@ -206,14 +220,15 @@ __global__ void __launch_bounds__(T::kThreads, 1)
 #pragma unroll
     for (int i = 0; i < size(tOrP); ++i) tOrP(i) = static_cast<Element>(tSrS(i));
   };
-  auto wait_keys = [&](int t) {  // returns t's stage
-    const int stage = t % kStages;
-    mbarrier_wait(bar(bars->k_full[stage]), (t / kStages) & 1);
+  // g: the ring's tile count (across items) of the item's tile t; both return the stage.
+  auto wait_keys = [&](int g) {
+    const int stage = g % kStages;
+    mbarrier_wait(bar(bars->k_full[stage]), (g / kStages) & 1);
     return stage;
   };
-  auto wait_values = [&](int t) {
-    const int stage = t % kStages;
-    mbarrier_wait(bar(bars->v_full[stage]), (t / kStages) & 1);
+  auto wait_values = [&](int g, int t) {
+    const int stage = g % kStages;
+    mbarrier_wait(bar(bars->v_full[stage]), (g / kStages) & 1);
     zero_values_past_request(t, stage);
     return stage;
   };
@@ -224,54 +239,63 @@ __global__ void __launch_bounds__(T::kThreads, 1)
   constexpr int kTurnBarrier = 2;  // 1 is the V zeroing's
   auto wait_turn = [&] { named_barrier_sync(kTurnBarrier + group, T::kConsumerThreads); };
   auto pass_turn = [&] { named_barrier_arrive(kTurnBarrier + 1 - group, T::kConsumerThreads); };
-  if (key_tiles > 0) {
-    // Tile 0: S alone (O is still 0: no rescale).
-    if (group == 1) pass_turn();
-    mbarrier_wait(bar(bars->q_full), 0);
-    const int stage = wait_keys(0);
-    wait_turn();
-    warpgroup_gemm_issue(mma_qk, tSrQ, tSrK(_, _, _, stage), tSrS, false);
-    pass_turn();
-    warpgroup_wait<0>();
-    warpgroup_fence_operand(tSrS);
-    release(bars->k_empty[stage]);
-    float rescale[2];
-    tile_softmax(0, rescale);
-    scores_to_p();
+  // The items (heads) one after the other; the ring's tile count runs on across them.
+  for (int item = 0, g0 = 0; item < items; ++item, g0 += key_tiles) {
+    const int head = head0 + item;
+    rows = RowState{};
+    clear(tOrO);
+    if (key_tiles > 0) {
+      // Tile 0: S alone (O is still 0: no rescale).
+      if (group == 1) pass_turn();
+      mbarrier_wait(bar(bars->q_full), item & 1);
+      const int stage = wait_keys(g0);
+      wait_turn();
+      warpgroup_gemm_issue(mma_qk, tSrQ, tSrK(_, _, _, stage), tSrS, false);
+      pass_turn();
+      warpgroup_wait<0>();
+      warpgroup_fence_operand(tSrS);
+      release(bars->k_empty[stage]);
+      float rescale[2];
+      tile_softmax(0, rescale);
+      scores_to_p();
+    }
+    // Intra-warpgroup overlap: tile t's S = Q K^T and tile t-1's O += P V are issued together;
+    // the softmax of tile t runs while P V still does, and O is rescaled once P V has landed. The
+    // body has no branch around a wgmma or a wait (ptxas, unable to pair such branches,
+    // serializes every wgmma of the kernel).
+    for (int t = 1; t < key_tiles; ++t) {
+      const int stage = wait_keys(g0 + t), previous = wait_values(g0 + t - 1, t - 1);
+      wait_turn();
+      warpgroup_gemm_issue(mma_qk, tSrQ, tSrK(_, _, _, stage), tSrS, false);
+      warpgroup_gemm_issue<true>(mma_pv, tOrP, tOrV(_, _, _, previous), tOrO, true);
+      pass_turn();
+      warpgroup_wait<1>();  // batches complete in order: S has landed, P V may still run
+      warpgroup_fence_operand(tSrS);
+      release(bars->k_empty[stage]);
+      float rescale[2];
+      tile_softmax(t, rescale);
+      warpgroup_wait<0>();  // tile t-1's P V has landed: O and P are free
+      warpgroup_fence_operand(tOrO);
+      warpgroup_fence_operand(tOrP);
+      release(bars->v_empty[previous]);
+      rescale_out<kOutTiles>(out, rescale);
+      scores_to_p();
+    }
+    if (key_tiles > 0) {
+      release(bars->q_empty);  // every S of the item is done: the next item's Q may come in
+      const int last = wait_values(g0 + key_tiles - 1, key_tiles - 1);
+      wait_turn();
+      warpgroup_gemm_issue<true>(mma_pv, tOrP, tOrV(_, _, _, last), tOrO, true);
+      // Group 1's last turn of an item passes to no one (its next item's start passes it): no
+      // arrival outlives the block.
+      if (group == 0) pass_turn();
+      warpgroup_wait<0>();
+      warpgroup_fence_operand(tOrO);
+      warpgroup_fence_operand(tOrP);
+      release(bars->v_empty[last]);
+    }
+    store_rows<Out, kOutTiles>(p, r, head, thread_row, lane, rows, out);
   }
-  // Intra-warpgroup overlap: tile t's S = Q K^T and tile t-1's O += P V are issued together;
-  // the softmax of tile t runs while P V still does, and O is rescaled once P V has landed. The
-  // body has no branch around a wgmma or a wait (ptxas, unable to pair such branches,
-  // serializes every wgmma of the kernel).
-  for (int t = 1; t < key_tiles; ++t) {
-    const int stage = wait_keys(t), previous = wait_values(t - 1);
-    wait_turn();
-    warpgroup_gemm_issue(mma_qk, tSrQ, tSrK(_, _, _, stage), tSrS, false);
-    warpgroup_gemm_issue<true>(mma_pv, tOrP, tOrV(_, _, _, previous), tOrO, true);
-    pass_turn();
-    warpgroup_wait<1>();  // batches complete in order: S has landed, P V may still run
-    warpgroup_fence_operand(tSrS);
-    release(bars->k_empty[stage]);
-    float rescale[2];
-    tile_softmax(t, rescale);
-    warpgroup_wait<0>();  // tile t-1's P V has landed: O and P are free
-    warpgroup_fence_operand(tOrO);
-    warpgroup_fence_operand(tOrP);
-    release(bars->v_empty[previous]);
-    rescale_out<kOutTiles>(out, rescale);
-    scores_to_p();
-  }
-  if (key_tiles > 0) {
-    const int last = wait_values(key_tiles - 1);
-    wait_turn();
-    warpgroup_gemm_issue<true>(mma_pv, tOrP, tOrV(_, _, _, last), tOrO, true);
-    if (group == 0) pass_turn();  // group 1's last turn passes to no one: no arrival outlives us
-    warpgroup_wait<0>();
-    warpgroup_fence_operand(tOrO);
-    warpgroup_fence_operand(tOrP);
-    release(bars->v_empty[last]);
-  }
-  store_rows<Out, kOutTiles>(p, r, head, thread_row, lane, rows, out);
 }
 
 }  // namespace mlakit::cuda::prefill::ws
