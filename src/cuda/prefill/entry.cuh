@@ -14,9 +14,8 @@ namespace mlakit::cuda::prefill {
 
 inline constexpr const char* kPrefillOp = "mla_prefill";
 
-// In: F16 or BF16; heads = N (grid y); out_dtype: f32, f16 or bf16.
+// In: F16 or BF16; out_dtype: f32, f16 or bf16.
 template <class In>
-void launch_prefill_kernel(const PrefillParams& p, int64_t heads, DType out_dtype,
-                           cudaStream_t stream);
+void launch_prefill_kernel(const PrefillParams& p, DType out_dtype, cudaStream_t stream);
 
 }  // namespace mlakit::cuda::prefill

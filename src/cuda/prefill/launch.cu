@@ -92,6 +92,7 @@ void mla_prefill(const TensorView& q, const TensorView& k_nope, const TensorView
   p.max_seqlen_q = max_seqlen_q;
   p.max_seqlen_k = max_seqlen_k;
   p.heads = static_cast<int>(heads);
+  p.heads_per_block = 1;  // the warp-specialized kernel's launch may raise it
   p.batch = static_cast<int>(batch);
   p.scale_log2 = scale * kLog2e;
   p.causal = causal;
@@ -104,7 +105,7 @@ void mla_prefill(const TensorView& q, const TensorView& k_nope, const TensorView
   p.error_word = device_error_word(kPrefillOp);
   const cudaStream_t s = as_cuda_stream(stream);
   dispatch_float16(kPrefillOp, q.dtype, [&](auto in_type) {
-    prefill::launch_prefill_kernel<decltype(in_type)>(p, heads, out.dtype, s);
+    prefill::launch_prefill_kernel<decltype(in_type)>(p, out.dtype, s);
   });
 }
 

@@ -19,16 +19,15 @@
 
 namespace mlakit::cuda::prefill {
 
-// Grid: x = query tiles of the longest request, y = groups of heads_per_block heads, z = requests
-// + 1 (the last z writes the rows past the last request). Blocks past their request's length exit
-// at once; no host knowledge of the lengths is needed.
+// Grid: x = query tiles of the longest request, y = groups of p.heads_per_block heads, z =
+// requests + 1 (the last z writes the rows past the last request). Blocks past their request's
+// length exit at once; no host knowledge of the lengths is needed.
 // `extra`: the kernel's arguments after p.
 template <class Kernel, class... Extra>
-void launch(Kernel kernel, const char* name, const PrefillParams& p, int64_t heads,
-            int heads_per_block, int block_rows, int threads, int smem_bytes, cudaStream_t stream,
-            const Extra&... extra) {
+void launch(Kernel kernel, const char* name, const PrefillParams& p, int block_rows, int threads,
+            int smem_bytes, cudaStream_t stream, const Extra&... extra) {
   const int64_t query_tiles = std::max<int64_t>(1, (p.max_seqlen_q + block_rows - 1) / block_rows);
-  const int64_t head_groups = (heads + heads_per_block - 1) / heads_per_block;
+  const int64_t head_groups = (p.heads + p.heads_per_block - 1) / p.heads_per_block;
   const dim3 grid(static_cast<unsigned>(query_tiles), static_cast<unsigned>(head_groups),
                   static_cast<unsigned>(p.batch + 1));
   // Above 48 KiB a block needs the opt-in limit (not a stream operation: graph-capture safe).
@@ -46,14 +45,13 @@ struct PrefillTensorMaps {
   CUtensorMap q, k_nope, k_pe, v;
 };
 
-inline std::optional<PrefillTensorMaps> make_prefill_tensor_maps(const PrefillParams& p,
-                                                                 int64_t heads) {
-  if (p.tokens <= 0 || p.keys <= 0 || heads <= 0) return std::nullopt;
+inline std::optional<PrefillTensorMaps> make_prefill_tensor_maps(const PrefillParams& p) {
+  if (p.tokens <= 0 || p.keys <= 0 || p.heads <= 0) return std::nullopt;
   constexpr cuuint64_t kBytes = 2;                          // 16-bit q / k / v values
   constexpr cuuint32_t kBoxValues = 64;                     // one 128-byte swizzle span
   constexpr cuuint32_t kQRows = ws::Traits<BF16>::kBlockM;  // the same for f16
   constexpr cuuint32_t kKeys = ws::Traits<BF16>::kBlockN;
-  const auto n = static_cast<cuuint64_t>(heads);
+  const auto n = static_cast<cuuint64_t>(p.heads);
   auto map3 = [](const void* base, cuuint64_t width, cuuint64_t mid, cuuint64_t rows,
                  cuuint64_t mid_stride, cuuint64_t row_stride, cuuint32_t box_rows) {
     const cuuint64_t dims[3] = {width, mid, rows};
@@ -77,29 +75,27 @@ inline std::optional<PrefillTensorMaps> make_prefill_tensor_maps(const PrefillPa
 // Heads per block of the warp-specialized kernel. Two when no request has more than
 // kPairedHeadsMaxKeys keys: a block then has at most 8 key tiles of 128, and its fixed cost (start,
 // first loads, epilogue) is a large share of it; measured on an H100 (bench/results/
-// 2026-12-07-h100-prefill-head-pairs-ab.md) 16 x 1024 causal -8.4 % (h128) / -1.9 % (h16), while
-// rows of 4096 keys and more lost 1-2 % with two heads, so they keep one.
+// 2026-12-07-h100-prefill-head-pairs-ab.md) 16 x 1024 causal -7.6 % (h128) / -1.7 % (h16), while
+// rows of 4096 keys and more lost 1.0-2.4 % with two heads, so they keep one.
 constexpr int64_t kPairedHeadsMaxKeys = 1024;
 inline int ws_heads_per_block(const PrefillParams& p) {
   return p.max_seqlen_k <= kPairedHeadsMaxKeys ? 2 : 1;
 }
 
 template <class In>
-void launch_prefill_kernel(const PrefillParams& p, int64_t heads, DType out_dtype,
-                           cudaStream_t stream) {
+void launch_prefill_kernel(const PrefillParams& p, DType out_dtype, cudaStream_t stream) {
   dispatch_float(kPrefillOp, out_dtype, [&](auto out_type) {
     using Out = decltype(out_type);
     const std::optional<PrefillTensorMaps> maps =
-        p.vector_loads ? make_prefill_tensor_maps(p, heads) : std::nullopt;
+        p.vector_loads ? make_prefill_tensor_maps(p) : std::nullopt;
     if (maps) {
       using W = ws::Traits<In>;
       PrefillParams wp = p;
       wp.heads_per_block = ws_heads_per_block(p);
-      launch(ws::prefill_ws_kernel<In, Out>, "prefill_ws_kernel", wp, heads, wp.heads_per_block,
-             W::kBlockM, W::kThreads, W::kSmemBytes, stream, maps->q, maps->k_nope, maps->k_pe,
-             maps->v);
+      launch(ws::prefill_ws_kernel<In, Out>, "prefill_ws_kernel", wp, W::kBlockM, W::kThreads,
+             W::kSmemBytes, stream, maps->q, maps->k_nope, maps->k_pe, maps->v);
     } else {
-      launch(prefill_kernel<In, Out>, "prefill_kernel", p, heads, 1, kBlockM, kThreads,
+      launch(prefill_kernel<In, Out>, "prefill_kernel", p, kBlockM, kThreads,
              static_cast<int>(sizeof(SharedStorage)), stream);
     }
   });

@@ -2,5 +2,5 @@
 #include "cuda/prefill/launch_kernel.cuh"
 
 namespace mlakit::cuda::prefill {
-template void launch_prefill_kernel<BF16>(const PrefillParams&, int64_t, DType, cudaStream_t);
+template void launch_prefill_kernel<BF16>(const PrefillParams&, DType, cudaStream_t);
 }  // namespace mlakit::cuda::prefill
