@@ -2,10 +2,14 @@
 // PERF.md prefill shapes, beside the bf16 GEMM ceiling measured in the same run (cuBLAS 8192^3).
 // Prints ms, TF/s and % of the ceiling. FLOPs counted as useful work: causal
 // 2 * B * H * L(L+1)/2 * (192 + 128); non-causal 2 * B * H * Lq * Lk * (192 + 128).
-// Usage: bench_gpu_prefill [--json PATH] [--commit HASH]   (well under 3 minutes on an H200)
+// Usage: bench_gpu_prefill [--json PATH] [--commit HASH] [--case H,B,sq,sk[,n]]...
+//   (well under 3 minutes on an H200)
 //   --json    also write the rows as JSON to PATH: a list of {shape, out, ms, tflops,
 //             ceiling_tflops, commit}
 //   --commit  the commit the rows are recorded against (default: $MLAKIT_COMMIT, else "unknown")
+//   --case    run this shape instead of the table (repeatable): H heads, B requests of sq queries
+//             and sk keys, causal with a bf16 out, or with ",n" non-causal with an f32 out and
+//             the LSE (a context chunk); e.g. a sweep of request lengths
 #include <cublas_v2.h>
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -147,18 +151,51 @@ std::string run_shape(const Shape& s, double ceiling, const std::string& commit)
       shape.c_str(), mlakit::dtype_name(s.out_dtype), ms, tflops, ceiling, commit.c_str());
 }
 
+// A --case argument "H,B,sq,sk" or "H,B,sq,sk,n"; nullopt when malformed or out of range (1..128
+// heads; at most 2^24 token-heads and key-heads; causal needs sq == sk, which the TF/s count
+// assumes).
+std::optional<Shape> parse_case(const char* text) {
+  long heads = 0, batch = 0, sq = 0, sk = 0;
+  char mode = 'c', tail = 0;
+  const int fields = std::sscanf(text, "%ld,%ld,%ld,%ld,%c%c", &heads, &batch, &sq, &sk, &mode,
+                                 &tail);
+  // ~1.4 KB of q, k / v and f32 out per token-head: 2^24 of them stay within ~24 GB.
+  constexpr long kMaxRowHeads = 1L << 24;
+  if ((fields != 4 && fields != 5) || (mode != 'c' && mode != 'n') || heads < 1 || heads > 128 ||
+      batch < 1 || sq < 1 || sk < 1 || batch > kMaxRowHeads || sq > kMaxRowHeads ||
+      sk > kMaxRowHeads || batch * sq * heads > kMaxRowHeads ||
+      batch * sk * heads > kMaxRowHeads || (mode == 'c' && sq != sk)) {
+    return std::nullopt;
+  }
+  const bool causal = mode == 'c';
+  return Shape{heads, batch, sq, sk, causal, causal ? DType::kBF16 : DType::kF32};
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   std::string json_path;
+  std::vector<Shape> custom;
   const char* env_commit = std::getenv("MLAKIT_COMMIT");
   std::string commit = env_commit != nullptr ? env_commit : "unknown";
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
     if ((arg == "--json" || arg == "--commit") && i + 1 < argc) {
       (arg == "--json" ? json_path : commit) = argv[++i];
+    } else if (arg == "--case" && i + 1 < argc) {
+      const std::optional<Shape> shape = parse_case(argv[++i]);
+      if (!shape) {
+        std::fprintf(stderr,
+                     "bench_gpu_prefill: --case takes H,B,sq,sk[,n] with H in [1, 128], B, sq, sk "
+                     ">= 1, B * sq * H and B * sk * H <= 2^24, sq == sk when causal; got %s\n",
+                     argv[i]);
+        return 2;
+      }
+      custom.push_back(*shape);
     } else {
-      std::fprintf(stderr, "usage: bench_gpu_prefill [--json PATH] [--commit HASH]\n");
+      std::fprintf(stderr,
+                   "usage: bench_gpu_prefill [--json PATH] [--commit HASH] "
+                   "[--case H,B,sq,sk[,n]]...\n");
       return 2;
     }
   }
@@ -184,7 +221,10 @@ int main(int argc, char** argv) {
       {128, 16, 1024, 1024, true, DType::kBF16},
   };
   std::vector<std::string> rows;
-  for (const Shape& s : shapes) rows.push_back(run_shape(s, ceiling, commit));
+  for (const Shape& s : custom.empty() ? std::vector<Shape>(std::begin(shapes), std::end(shapes))
+                                       : custom) {
+    rows.push_back(run_shape(s, ceiling, commit));
+  }
   if (!json_path.empty()) mlakit::bench::write_json_rows(json_path, "bench_gpu_prefill", rows);
   return 0;
 }

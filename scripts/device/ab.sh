@@ -11,6 +11,8 @@
 # JSON rows; bench_gpu_prefill runs all its shapes, read from its printed lines.
 #   ROWS="B128 s_kv 4096 h_q 128 bf16" ROUNDS=3 bash scripts/device/ab.sh
 #   BENCH=bench_gpu_prefill bash scripts/device/ab.sh
+# BENCH_ARGS: more arguments for every run, split at spaces (e.g. the benches' --case shapes:
+#   BENCH=bench_gpu_prefill BENCH_ARGS="--case 128,32,512,512 --case 16,8,2048,2048" ...).
 # Prints per row the median time of each build and its ratio to the first build in name order, and
 # writes $OUT/ab_<BENCH>.md and every run's rows to $OUT/ab_<BENCH>.json.
 set -uo pipefail
@@ -39,6 +41,8 @@ for round in $(seq 1 "$ROUNDS"); do
     args=()
     [ "$BENCH" = bench_gpu_decode ] &&
       args=(--only "$ROWS" --commit "$build" --json "$OUT/run-$build-$round.json")
+    # shellcheck disable=SC2206  # split on purpose: one argument per word
+    args+=(${BENCH_ARGS:-})
     # A hung kernel costs one run, not the call.
     timeout "${RUN_TIMEOUT:-120}" "$binary" "${args[@]}" > "$OUT/run-$build-$round.txt" 2>&1 ||
       echo "ab: $build round $round failed (exit $?)"
