@@ -157,14 +157,14 @@ std::string run_shape(const Shape& s, double ceiling, const std::string& commit)
 std::optional<Shape> parse_case(const char* text) {
   long heads = 0, batch = 0, sq = 0, sk = 0;
   char mode = 'c', tail = 0;
-  const int fields = std::sscanf(text, "%ld,%ld,%ld,%ld,%c%c", &heads, &batch, &sq, &sk, &mode,
-                                 &tail);
+  const int fields =
+      std::sscanf(text, "%ld,%ld,%ld,%ld,%c%c", &heads, &batch, &sq, &sk, &mode, &tail);
   // ~1.4 KB of q, k / v and f32 out per token-head: 2^24 of them stay within ~24 GB.
   constexpr long kMaxRowHeads = 1L << 24;
   if ((fields != 4 && fields != 5) || (mode != 'c' && mode != 'n') || heads < 1 || heads > 128 ||
       batch < 1 || sq < 1 || sk < 1 || batch > kMaxRowHeads || sq > kMaxRowHeads ||
-      sk > kMaxRowHeads || batch * sq * heads > kMaxRowHeads ||
-      batch * sk * heads > kMaxRowHeads || (mode == 'c' && sq != sk)) {
+      sk > kMaxRowHeads || batch * sq * heads > kMaxRowHeads || batch * sk * heads > kMaxRowHeads ||
+      (mode == 'c' && sq != sk)) {
     return std::nullopt;
   }
   const bool causal = mode == 'c';
@@ -221,8 +221,8 @@ int main(int argc, char** argv) {
       {128, 16, 1024, 1024, true, DType::kBF16},
   };
   std::vector<std::string> rows;
-  for (const Shape& s : custom.empty() ? std::vector<Shape>(std::begin(shapes), std::end(shapes))
-                                       : custom) {
+  for (const Shape& s :
+       custom.empty() ? std::vector<Shape>(std::begin(shapes), std::end(shapes)) : custom) {
     rows.push_back(run_shape(s, ceiling, commit));
   }
   if (!json_path.empty()) mlakit::bench::write_json_rows(json_path, "bench_gpu_prefill", rows);
