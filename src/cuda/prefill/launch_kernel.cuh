@@ -76,24 +76,26 @@ inline std::optional<PrefillTensorMaps> make_prefill_tensor_maps(const PrefillPa
   return PrefillTensorMaps{*q, *k_nope, *k_pe, *v};
 }
 
-// Heads per block of the warp-specialized kernel: the most of {4, 2} that leaves the grid at least
-// kMinWavesPerSm blocks per SM, when no request has more than kGroupedHeadsMaxKeys keys; else one.
-// A block of short requests has 1-8 key tiles of 128, so its fixed cost (start, first loads,
-// epilogue) is a large share of it, and the heads after the first find their Q and first tiles
-// loaded; but fewer, longer blocks make the grid's last wave coarser. Measured on an H100
-// (bench/results/2026-12-07-h100-prefill-heads-sweep.md), against one head: h128 64 x 256 -19 %
-// (2 heads -12 %), 32 x 512 -14 %, 16 x 1024 -7 %; h16 (1,024 blocks with 2 heads, 512 with 4)
-// 2 heads -1 to -8 %, 4 heads +8 % at 16 x 1024; 8 heads were never the best; at 2048 keys 2
-// heads +11 % (h16), -2 % (h128), so longer requests keep one.
+// Heads per block of the warp-specialized kernel: the most of {4, 2} for which the grid keeps at
+// least 3.5 blocks per SM per head of a block, when no request has more than kGroupedHeadsMaxKeys
+// keys; else one. A block of short requests has 1-8 key tiles of 128, so its fixed cost (start,
+// first loads, epilogue) is a large share of it, and the heads after the first find their Q and
+// first tiles loaded; but fewer, longer blocks make the grid's last wave coarser. Measured on an
+// H100 (bench/results/2026-12-07-h100-prefill-heads-sweep.md; times against one head per block):
+// 4 heads h128 64 x 256 -19 %, 32 x 512 -14 %, 16 x 1024 -7 % (4,096 blocks), but +3 % with
+// 1,024 blocks (h32 16 x 1024, h128 4 x 1024); 2 heads h16 64 x 256 -8 %, 16 x 1024 -1 %
+// (1,024 blocks), +8 % for 4 heads there (512 blocks); 8 heads never the best; at 2048 keys 2
+// heads +11 % (h16) and -2 % (h128), so longer requests keep one.
 constexpr int64_t kGroupedHeadsMaxKeys = 1024;
-constexpr int64_t kMinWavesPerSm = 7;  // 2 heads of h16 16 x 1024: 1,024 blocks = 7.8 per SM
 inline int ws_heads_per_block(const PrefillParams& p, int query_rows_per_block) {
   if (p.max_seqlen_k > kGroupedHeadsMaxKeys) return 1;
-  const int64_t min_blocks = kMinWavesPerSm * multiprocessor_count(kPrefillOp);
+  // 2 x blocks >= 7 x heads x SMs: 3.5 blocks per SM per head (2 heads: 924 blocks on 132 SMs,
+  // which h16 16 x 1024's 1,024 pass; 4 heads: 1,848, which 1,024 do not).
+  const int64_t sms = multiprocessor_count(kPrefillOp);
   for (const int heads : {4, 2}) {
     const int64_t blocks =
         query_tiles(p, query_rows_per_block) * ((p.heads + heads - 1) / heads) * p.batch;
-    if (heads <= p.heads && blocks >= min_blocks) return heads;
+    if (heads <= p.heads && 2 * blocks >= 7 * heads * sms) return heads;
   }
   return 1;
 }
