@@ -6,8 +6,10 @@
 // untouched; column pairs stored at once) or 193 (one store per element), out f32 from bf16 inputs,
 // lse present or absent, unaligned rows (the scalar load path), and every error: the CPU
 // validation's messages, what only CUDA rejects, and bad cu_seqlens values reported by the device.
-// Out and lse start NaN, so every row must be written. Batches of at most 1024 keys run the
-// warp-specialized kernel with two heads per block, longer ones with one. Skips without a GPU.
+// Out and lse start NaN, so every row must be written. The warp-specialized kernel's blocks of
+// several heads (the launcher's choice for many short requests, which these small shapes are not)
+// are forced through cuda::mla_prefill's heads_per_block: 2-5 heads per block over 1-5, 16 and 128
+// heads, the last block of heads short when they do not divide. Skips without a GPU.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -22,6 +24,7 @@
 
 #include "common/test_util.hpp"
 #include "cuda/gpu_test_util.hpp"
+#include "cuda/prefill/launch.hpp"
 #include "mlakit/error.hpp"
 #include "mlakit/ops.hpp"
 #include "reference/reference.hpp"
@@ -55,6 +58,7 @@ struct Case {
   int64_t out_head_stride = kOutHeadStride;
   int64_t extra_tokens = 0, extra_keys = 0;  // rows past the last request
   bool hashed_inputs = false;                // hashed_uniform_tensor instead of normal draws
+  int heads_per_block = 0;  // > 0: forced on the warp-specialized kernel (cuda::mla_prefill)
 };
 
 // Host tensor of uniform values in [-2, 2) from a hash (splitmix64) of (seed, index): ~100x
@@ -171,11 +175,20 @@ Outputs run_cuda(const Inputs& in) {
   const Tensor cu_q = test::to_device(in.cu_q), cu_k = test::to_device(in.cu_k);
   const Outputs host = nan_outputs(in);
   const Tensor out = test::to_device(host.out_buf), lse = test::to_device(host.lse);
-  ops::mla_prefill(test::mirror(in.q, in.q_buf, q), test::mirror(in.k_nope, in.kv_buf, kv),
-                   test::mirror(in.k_pe, in.k_pe_buf, pe), test::mirror(in.v, in.kv_buf, kv), cu_q,
-                   cu_k, in.max_q, in.max_k, in.scale, in.c.causal,
-                   test::mirror(host.out(), host.out_buf, out),
-                   in.c.with_lse ? std::optional<TensorView>(lse.view()) : std::nullopt);
+  const TensorView q_view = test::mirror(in.q, in.q_buf, q);
+  const TensorView k_nope = test::mirror(in.k_nope, in.kv_buf, kv);
+  const TensorView k_pe = test::mirror(in.k_pe, in.k_pe_buf, pe);
+  const TensorView v = test::mirror(in.v, in.kv_buf, kv);
+  const TensorView out_view = test::mirror(host.out(), host.out_buf, out);
+  const std::optional<TensorView> lse_view =
+      in.c.with_lse ? std::optional<TensorView>(lse.view()) : std::nullopt;
+  if (in.c.heads_per_block > 0) {  // past the op's validation, which these inputs pass
+    cuda::mla_prefill(q_view, k_nope, k_pe, v, cu_q, cu_k, in.max_q, in.max_k, in.scale,
+                      in.c.causal, out_view, lse_view, Stream{}, in.c.heads_per_block);
+  } else {
+    ops::mla_prefill(q_view, k_nope, k_pe, v, cu_q, cu_k, in.max_q, in.max_k, in.scale, in.c.causal,
+                     out_view, lse_view);
+  }
   EXPECT_NO_THROW(ops::check_device_errors(Device::cuda(0)));
   return {test::to_host(out), test::to_host(lse)};
 }
@@ -219,7 +232,8 @@ void check_case(std::mt19937_64& rng, const Case& c) {
 std::string describe(const Case& c) {
   std::ostringstream s;  // (string operator+ chains trip GCC 12's -Wrestrict false positive)
   s << dtype_name(c.dtype) << " -> " << dtype_name(c.out_dtype)
-    << (c.causal ? " causal" : " non-causal") << " heads " << c.heads << " sq/sk";
+    << (c.causal ? " causal" : " non-causal") << " heads " << c.heads << " heads per block "
+    << c.heads_per_block << " sq/sk";
   for (size_t b = 0; b < c.sq.size(); ++b) s << " " << c.sq[b] << "/" << c.sk[b];
   return s.str();
 }
@@ -227,8 +241,10 @@ std::string describe(const Case& c) {
 TEST(CudaPrefill, RandomVarlenBatchesMatchReferenceAndCpu) {
   MLAKIT_SKIP_WITHOUT_GPU();
   auto rng = test::make_rng(60);
-  // heads 1-5: odd counts leave the warp-specialized kernel's last block of heads one head short
+  // heads 1-5 in blocks of 1-5 heads (0: the launcher's choice): the last block of heads is short
+  // when the count does not divide
   std::uniform_int_distribution<int64_t> batch(1, 5), len(0, 300), coin(0, 3), heads(1, 5);
+  std::uniform_int_distribution<int> heads_per_block(0, 5);
   for (DType dtype : {DType::kBF16, DType::kF16}) {
     for (bool causal : {true, false}) {
       for (int trial = 0; trial < 2; ++trial) {
@@ -236,6 +252,7 @@ TEST(CudaPrefill, RandomVarlenBatchesMatchReferenceAndCpu) {
         c.dtype = c.out_dtype = dtype;
         c.causal = causal;
         c.heads = heads(rng);
+        c.heads_per_block = heads_per_block(rng);
         const int64_t b = batch(rng);
         for (int64_t i = 0; i < b; ++i) {
           c.sq.push_back(coin(rng) == 0 ? 0 : len(rng));
@@ -276,6 +293,7 @@ TEST(CudaPrefill, NanValuesOfOneRequestStayInIt) {
     c.causal = causal;
     c.sq = {70, 90, 50};
     c.sk = {100, 130, 60};
+    c.heads_per_block = causal ? 2 : 0;  // the next head's tiles run on in the same ring
     SCOPED_TRACE(describe(c));
     Inputs in = make_inputs(rng, c);
     const int64_t poisoned = c.sk[0] + 5, row_width = kNope + kDv;  // kv_buf is [S, N, 256]
@@ -309,6 +327,7 @@ TEST(CudaPrefill, SixteenAndOneHundredTwentyEightHeads) {
   for (bool causal : {true, false}) {
     Case c16;
     c16.heads = 16;
+    c16.heads_per_block = 2;
     c16.causal = causal;
     c16.sq = {70, 3};
     c16.sk = {130, 3};
@@ -316,6 +335,7 @@ TEST(CudaPrefill, SixteenAndOneHundredTwentyEightHeads) {
     check_case(rng, c16);
     Case c128;
     c128.heads = 128;
+    c128.heads_per_block = 4;
     c128.dtype = c128.out_dtype = DType::kF16;
     c128.causal = causal;
     c128.sq = {40, 20};
@@ -482,6 +502,7 @@ TEST(CudaPrefill, EmptyRequestsAndRowsPastTheLastRequest) {
     Case c;
     c.causal = causal;
     c.heads = 3;  // the rows past the last request are written for every head of a block's heads
+    c.heads_per_block = 2;
     c.sq = {0, 5, 70, 0, 3};
     c.sk = {4, 0, 70, 0, 20};
     c.extra_tokens = 130;  // more than max_seqlen_q: the tail block strides over them
@@ -603,6 +624,10 @@ TEST(CudaPrefill, RejectsBadArgumentsWithTheCpuMessages) {
                           "mla_prefill: cu_seqlens_q is on cpu but q is on cuda:0");
   MLAKIT_EXPECT_THROW_MSG(prefill(d, -1, 6),
                           "mla_prefill: max_seqlen_q and max_seqlen_k must be >= 0, got -1 and 6");
+  MLAKIT_EXPECT_THROW_MSG(cuda::mla_prefill(d.q, d.k_nope, d.k_pe, d.v, d.cu_q, d.cu_k, 5, 6, 0.1f,
+                                            true, d.out, d.lse.view(), Stream{}, -1),
+                          "mla_prefill: heads_per_block must be >= 0 (0: the launcher's choice), "
+                          "got -1");
 }
 
 TEST(CudaPrefill, RejectsWhatOnlyTheCpuKernelTakes) {

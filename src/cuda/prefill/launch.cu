@@ -44,8 +44,11 @@ void mla_prefill(const TensorView& q, const TensorView& k_nope, const TensorView
                  const TensorView& v, const TensorView& cu_seqlens_q,
                  const TensorView& cu_seqlens_k, int64_t max_seqlen_q, int64_t max_seqlen_k,
                  float scale, bool causal, const TensorView& out,
-                 const std::optional<TensorView>& lse_heads_tokens, Stream stream) {
+                 const std::optional<TensorView>& lse_heads_tokens, Stream stream,
+                 int heads_per_block) {
   using detail::require;
+  require(heads_per_block >= 0, ErrorCode::kInvalidArgument, kPrefillOp,
+          ": heads_per_block must be >= 0 (0: the launcher's choice), got ", heads_per_block);
   require(q.dtype == DType::kF16 || q.dtype == DType::kBF16, ErrorCode::kUnsupported, kPrefillOp,
           ": the CUDA kernel takes f16 or bf16 q, k_nope, k_pe and v (tensor-core MMA), got ",
           dtype_name(q.dtype), "; convert the inputs or run on CPU tensors");
@@ -92,7 +95,7 @@ void mla_prefill(const TensorView& q, const TensorView& k_nope, const TensorView
   p.max_seqlen_q = max_seqlen_q;
   p.max_seqlen_k = max_seqlen_k;
   p.heads = static_cast<int>(heads);
-  p.heads_per_block = 1;  // the warp-specialized kernel's launch may raise it
+  p.heads_per_block = heads_per_block;  // 0: launch_prefill_kernel chooses
   p.batch = static_cast<int>(batch);
   p.scale_log2 = scale * kLog2e;
   p.causal = causal;

@@ -19,6 +19,11 @@
 
 namespace mlakit::cuda::prefill {
 
+// Blocks of block_rows query rows that the longest request needs (at least one).
+inline int64_t query_tiles(const PrefillParams& p, int block_rows) {
+  return std::max<int64_t>(1, (p.max_seqlen_q + block_rows - 1) / block_rows);
+}
+
 // Grid: x = query tiles of the longest request, y = groups of p.heads_per_block heads, z =
 // requests + 1 (the last z writes the rows past the last request). Blocks past their request's
 // length exit at once; no host knowledge of the lengths is needed.
@@ -26,10 +31,9 @@ namespace mlakit::cuda::prefill {
 template <class Kernel, class... Extra>
 void launch(Kernel kernel, const char* name, const PrefillParams& p, int block_rows, int threads,
             int smem_bytes, cudaStream_t stream, const Extra&... extra) {
-  const int64_t query_tiles = std::max<int64_t>(1, (p.max_seqlen_q + block_rows - 1) / block_rows);
   const int64_t head_groups = (p.heads + p.heads_per_block - 1) / p.heads_per_block;
-  const dim3 grid(static_cast<unsigned>(query_tiles), static_cast<unsigned>(head_groups),
-                  static_cast<unsigned>(p.batch + 1));
+  const dim3 grid(static_cast<unsigned>(query_tiles(p, block_rows)),
+                  static_cast<unsigned>(head_groups), static_cast<unsigned>(p.batch + 1));
   // Above 48 KiB a block needs the opt-in limit (not a stream operation: graph-capture safe).
   set_max_dynamic_smem(reinterpret_cast<const void*>(kernel), smem_bytes, kPrefillOp);
   kernel<<<grid, threads, smem_bytes, stream>>>(p, extra...);
@@ -72,14 +76,28 @@ inline std::optional<PrefillTensorMaps> make_prefill_tensor_maps(const PrefillPa
   return PrefillTensorMaps{*q, *k_nope, *k_pe, *v};
 }
 
-// Heads per block of the warp-specialized kernel. Two when no request has more than
-// kPairedHeadsMaxKeys keys: a block then has at most 8 key tiles of 128, and its fixed cost (start,
-// first loads, epilogue) is a large share of it; measured on an H100 (bench/results/
-// 2026-12-07-h100-prefill-head-pairs-ab.md) 16 x 1024 causal -7.6 % (h128) / -1.7 % (h16), while
-// rows of 4096 keys and more lost 1.0-2.4 % with two heads, so they keep one.
-constexpr int64_t kPairedHeadsMaxKeys = 1024;
-inline int ws_heads_per_block(const PrefillParams& p) {
-  return p.max_seqlen_k <= kPairedHeadsMaxKeys ? 2 : 1;
+// Heads per block of the warp-specialized kernel: the most of {4, 2} for which the grid keeps at
+// least 3.5 blocks per SM per head of a block, when no request has more than kGroupedHeadsMaxKeys
+// keys; else one. A block of short requests has 1-8 key tiles of 128, so its fixed cost (start,
+// first loads, epilogue) is a large share of it, and the heads after the first find their Q and
+// first tiles loaded; but fewer, longer blocks make the grid's last wave coarser. Measured on an
+// H100 (bench/results/2026-12-07-h100-prefill-heads-sweep.md; times against one head per block):
+// 4 heads h128 64 x 256 -19 %, 32 x 512 -14 %, 16 x 1024 -7 % (4,096 blocks), but +3 % with
+// 1,024 blocks (h32 16 x 1024, h128 4 x 1024); 2 heads h16 64 x 256 -8 %, 16 x 1024 -1 %
+// (1,024 blocks), +8 % for 4 heads there (512 blocks); 8 heads never the best; at 2048 keys 2
+// heads +11 % (h16) and -2 % (h128), so longer requests keep one.
+constexpr int64_t kGroupedHeadsMaxKeys = 1024;
+inline int ws_heads_per_block(const PrefillParams& p, int query_rows_per_block) {
+  if (p.max_seqlen_k > kGroupedHeadsMaxKeys) return 1;
+  // 2 x blocks >= 7 x heads x SMs: 3.5 blocks per SM per head (2 heads: 924 blocks on 132 SMs,
+  // which h16 16 x 1024's 1,024 pass; 4 heads: 1,848, which 1,024 do not).
+  const int64_t sms = multiprocessor_count(kPrefillOp);
+  for (const int heads : {4, 2}) {
+    const int64_t blocks =
+        query_tiles(p, query_rows_per_block) * ((p.heads + heads - 1) / heads) * p.batch;
+    if (heads <= p.heads && 2 * blocks >= 7 * heads * sms) return heads;
+  }
+  return 1;
 }
 
 template <class In>
@@ -91,11 +109,14 @@ void launch_prefill_kernel(const PrefillParams& p, DType out_dtype, cudaStream_t
     if (maps) {
       using W = ws::Traits<In>;
       PrefillParams wp = p;
-      wp.heads_per_block = ws_heads_per_block(p);
+      wp.heads_per_block =
+          p.heads_per_block > 0 ? p.heads_per_block : ws_heads_per_block(p, W::kBlockM);
       launch(ws::prefill_ws_kernel<In, Out>, "prefill_ws_kernel", wp, W::kBlockM, W::kThreads,
              W::kSmemBytes, stream, maps->q, maps->k_nope, maps->k_pe, maps->v);
     } else {
-      launch(prefill_kernel<In, Out>, "prefill_kernel", p, kBlockM, kThreads,
+      PrefillParams mp = p;
+      mp.heads_per_block = 1;  // the mma.sync kernel: one head per block
+      launch(prefill_kernel<In, Out>, "prefill_kernel", mp, kBlockM, kThreads,
              static_cast<int>(sizeof(SharedStorage)), stream);
     }
   });

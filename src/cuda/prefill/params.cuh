@@ -31,7 +31,7 @@ struct PrefillParams {
   int64_t max_seqlen_q;  // the grid covers this many query rows per request
   int64_t max_seqlen_k;  // checked against every request's key count
   int heads;             // N
-  int heads_per_block;   // warp-specialized kernel: heads a block computes one after the other
+  int heads_per_block;   // heads a block computes one after the other (0 until the launcher picks)
   int batch;             // B (blockIdx.z == B writes the rows past the last request)
   float scale_log2;      // softmax scale * log2(e): scores are kept in log2 units (exp2 is cheap)
   bool causal;           // bottom-right causal mask
