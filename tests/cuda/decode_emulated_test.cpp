@@ -348,9 +348,9 @@ inline void ldmatrix_x4_trans(uint32_t (&r)[4], uint32_t addr) { emu::ldmatrix(r
 inline float fast_exp2(float x) { return std::exp2(x); }
 // The CTAs run one after another on one thread: a plain OR is the atomic.
 inline void report_device_error(uint32_t* error_word, uint32_t bit) { *error_word |= bit; }
-inline uint32_t e4m3x2_to_f16x2(uint16_t two) {
-  const __half2_raw h =
-      __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(two), __NV_E4M3);
+inline uint32_t e4m3x2_to_f16x2(uint32_t word, bool high) {
+  const auto two = static_cast<__nv_fp8x2_storage_t>(high ? word >> 16 : word & 0xffffu);
+  const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(two, __NV_E4M3);
   return static_cast<uint32_t>(h.x) | (static_cast<uint32_t>(h.y) << 16);
 }
 inline float2 f16x2_to_float2(uint32_t v) {
@@ -363,8 +363,8 @@ struct Bf16Mma {
     std::memcpy(&r, &v, sizeof(r));
     return r;
   }
-  static uint32_t from_e4m3x2(uint16_t two) {
-    const float2 f = f16x2_to_float2(e4m3x2_to_f16x2(two));
+  static uint32_t from_e4m3x2(uint32_t word, bool high) {
+    const float2 f = f16x2_to_float2(e4m3x2_to_f16x2(word, high));
     return pack(f.x, f.y);
   }
   static void mma(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
@@ -378,7 +378,7 @@ struct F16Mma {
     std::memcpy(&r, &v, sizeof(r));
     return r;
   }
-  static uint32_t from_e4m3x2(uint16_t two) { return e4m3x2_to_f16x2(two); }
+  static uint32_t from_e4m3x2(uint32_t word, bool high) { return e4m3x2_to_f16x2(word, high); }
   static void mma(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
     emu::mma<false>(d, a, b0, b1);
   }

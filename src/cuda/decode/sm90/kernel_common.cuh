@@ -143,11 +143,12 @@ __device__ __forceinline__ uint4 convert_e4m3x8(uint32_t lo, uint32_t hi, float 
   uint32_t out[4];
 #pragma unroll
   for (int pair = 0; pair < 4; ++pair) {
-    const auto two = static_cast<uint16_t>(words[pair / 2] >> (16 * (pair % 2)));
+    const uint32_t word = words[pair / 2];
+    const bool high = pair % 2 == 1;
     if constexpr (kUnscaled) {
-      out[pair] = Elem::from_e4m3x2(two);
+      out[pair] = Elem::from_e4m3x2(word, high);
     } else {
-      const float2 f = f16x2_to_float2(e4m3x2_to_f16x2(two));
+      const float2 f = f16x2_to_float2(e4m3x2_to_f16x2(word, high));
       out[pair] = Elem::pack(f.x * scale, f.y * scale);
     }
   }
@@ -199,7 +200,7 @@ __device__ __forceinline__ uint4 load_q8(const DecodeKernelParams& p, int64_t of
       const uint8_t* src = static_cast<const uint8_t*>(p.q) + offset;
       uint32_t w[4];
       for (int i = 0; i < 4; ++i) {
-        w[i] = Elem::from_e4m3x2(static_cast<uint16_t>(src[2 * i] | (src[2 * i + 1] << 8)));
+        w[i] = Elem::from_e4m3x2(src[2 * i] | (src[2 * i + 1] << 8), false);
       }
       return make_uint4(w[0], w[1], w[2], w[3]);
     }
@@ -229,8 +230,8 @@ __device__ __forceinline__ void raw_e4m3_dim_order(uint4 raw, uint4& lo, uint4& 
   uint32_t l[4], h[4];
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
-    l[i] = e4m3x2_to_f16x2(static_cast<uint16_t>(w[i]));
-    h[i] = e4m3x2_to_f16x2(static_cast<uint16_t>(w[i] >> 16));
+    l[i] = e4m3x2_to_f16x2(w[i], false);
+    h[i] = e4m3x2_to_f16x2(w[i], true);
   }
   lo = make_uint4(l[0], l[1], l[2], l[3]);
   hi = make_uint4(h[0], h[1], h[2], h[3]);
@@ -295,10 +296,8 @@ __device__ __forceinline__ void store_q_batch(const DecodeKernelParams& p, int f
     }
     uint4 value;
     if (p.q_dtype == RuntimeDType::kFp8E4m3) {
-      value = make_uint4(Elem::from_e4m3x2(static_cast<uint16_t>(raw[i].x)),
-                         Elem::from_e4m3x2(static_cast<uint16_t>(raw[i].x >> 16)),
-                         Elem::from_e4m3x2(static_cast<uint16_t>(raw[i].y)),
-                         Elem::from_e4m3x2(static_cast<uint16_t>(raw[i].y >> 16)));
+      value = make_uint4(Elem::from_e4m3x2(raw[i].x, false), Elem::from_e4m3x2(raw[i].x, true),
+                         Elem::from_e4m3x2(raw[i].y, false), Elem::from_e4m3x2(raw[i].y, true));
     } else {
       value = q16x8_as<Elem>(raw[i], p.q_dtype);
     }

@@ -26,8 +26,8 @@ namespace mlakit::cuda::decode_sm90 {
 
 // The f16 B fragments (b0, b1) of one 16-dim chunk from a raw ldmatrix register (4 e4m3 dims).
 __device__ __forceinline__ void e4m3_key_pairs(uint32_t v, uint32_t& b0, uint32_t& b1) {
-  b0 = e4m3x2_to_f16x2(static_cast<uint16_t>(v));
-  b1 = e4m3x2_to_f16x2(static_cast<uint16_t>(v >> 16));
+  b0 = e4m3x2_to_f16x2(v, false);
+  b1 = e4m3x2_to_f16x2(v, true);
 }
 
 // acc[chain][n8 tile][4] += q rows of this warp's row group x keys of its key group: q in f16 in
@@ -78,8 +78,8 @@ __device__ __forceinline__ void compute_scores_raw_e4m3(
 __device__ __forceinline__ void e4m3_value_pairs(uint32_t v, uint32_t& even, uint32_t& odd) {
   // v's bytes: V[2t][2g], V[2t][2g + 1], V[2t + 1][2g], V[2t + 1][2g + 1] (lowest first).
   const uint32_t by_column = byte_perm(v, 0x3120);  // V[2t][2g], V[2t+1][2g], then column 2g + 1
-  even = e4m3x2_to_f16x2(static_cast<uint16_t>(by_column));
-  odd = e4m3x2_to_f16x2(static_cast<uint16_t>(by_column >> 16));
+  even = e4m3x2_to_f16x2(by_column, false);
+  odd = e4m3x2_to_f16x2(by_column, true);
 }
 
 // o[m16 tile][n8 tile][4] += P (kBlockM x 64, shared, f16) x V columns [64 warp, 64 warp + 64) of

@@ -539,8 +539,8 @@ __device__ __forceinline__ void convert_segment(const WorkItem& w, uint8_t* smem
         uint32_t e[8];
 #pragma unroll
         for (int k = 0; k < 4; ++k) {
-          e[2 * k] = Elem::from_e4m3x2(static_cast<uint16_t>(words[k]));
-          e[2 * k + 1] = Elem::from_e4m3x2(static_cast<uint16_t>(words[k] >> 16));
+          e[2 * k] = Elem::from_e4m3x2(words[k], false);
+          e[2 * k + 1] = Elem::from_e4m3x2(words[k], true);
         }
         st_shared_v4(block + converted_chunk[0], make_uint4(e[0], e[1], e[2], e[3]));
         st_shared_v4(block + converted_chunk[1], make_uint4(e[4], e[5], e[6], e[7]));

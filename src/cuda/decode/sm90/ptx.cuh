@@ -8,7 +8,6 @@
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
-#include <cuda_fp8.h>
 
 #include <cstdint>
 
@@ -61,11 +60,23 @@ __device__ __forceinline__ float fast_exp2(float x) {
   return y;
 }
 
-// Two e4m3 values (low byte first) -> two f16 in one register; exact (e4m3 NaN stays NaN).
-__device__ __forceinline__ uint32_t e4m3x2_to_f16x2(uint16_t two) {
-  const __half2_raw h =
-      __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(two), __NV_E4M3);
-  return static_cast<uint32_t>(h.x) | (static_cast<uint32_t>(h.y) << 16);
+// Two e4m3 values -> two f16 in one register (the lower byte in the low half); exact (e4m3 NaN
+// stays NaN). The pair is the low (bytes 0, 1) or high (bytes 2, 3) half of `word`: unpacked in
+// PTX, so ptxas reads the high half in place (F2FP ... R.H1) instead of shifting it down first (one
+// SHF per high pair, on every conversion chain). `high` must be known at compile time after
+// inlining.
+__device__ __forceinline__ uint32_t e4m3x2_to_f16x2(uint32_t word, bool high) {
+  uint32_t r;
+  if (high) {
+    asm("{\n .reg .b16 lo, hi;\n mov.b32 {lo, hi}, %1;\n cvt.rn.f16x2.e4m3x2 %0, hi;\n}\n"
+        : "=r"(r)
+        : "r"(word));
+  } else {
+    asm("{\n .reg .b16 lo, hi;\n mov.b32 {lo, hi}, %1;\n cvt.rn.f16x2.e4m3x2 %0, lo;\n}\n"
+        : "=r"(r)
+        : "r"(word));
+  }
+  return r;
 }
 // The bytes of `v` picked by the four selector nibbles of `selector` (lowest first; PTX prmt).
 __device__ __forceinline__ uint32_t byte_perm(uint32_t v, uint32_t selector) {
@@ -86,8 +97,10 @@ struct Bf16Mma {
     memcpy(&r, &v, sizeof(r));
     return r;
   }
-  __device__ __forceinline__ static uint32_t from_e4m3x2(uint16_t two) {
-    const float2 f = f16x2_to_float2(e4m3x2_to_f16x2(two));  // e4m3 -> f16 -> f32 -> bf16: exact
+  // The e4m3 pair in the low or high half of `word` (e4m3x2_to_f16x2).
+  __device__ __forceinline__ static uint32_t from_e4m3x2(uint32_t word, bool high) {
+    // e4m3 -> f16 -> f32 -> bf16: exact
+    const float2 f = f16x2_to_float2(e4m3x2_to_f16x2(word, high));
     return pack(f.x, f.y);
   }
   __device__ __forceinline__ static void mma(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,
@@ -106,8 +119,8 @@ struct F16Mma {
     memcpy(&r, &v, sizeof(r));
     return r;
   }
-  __device__ __forceinline__ static uint32_t from_e4m3x2(uint16_t two) {
-    return e4m3x2_to_f16x2(two);
+  __device__ __forceinline__ static uint32_t from_e4m3x2(uint32_t word, bool high) {
+    return e4m3x2_to_f16x2(word, high);
   }
   __device__ __forceinline__ static void mma(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,
                                              uint32_t b1) {
