@@ -15,6 +15,7 @@ import weakref
 from dataclasses import dataclass
 from typing import Any, Optional
 
+from ._args import to_int
 from ._dlpack import current_stream, describe
 from ._library import ForwardBatchC, StepPlanInfoC, call, lib
 from ._registry import Registry
@@ -62,7 +63,7 @@ class _CBatch:
             self.qsl.ctypes.data_as(_I32),
             self.lens.ctypes.data_as(_I32),
             self.lens.size,
-            int(self.qsl[-1]) if tokens is None else int(tokens),
+            int(self.qsl[-1]) if tokens is None else to_int(tokens, "batch.num_actual_tokens"),
             ctypes.pointer(self.block_table.tensor),
             ctypes.pointer(self.slot_mapping.tensor),
         )
