@@ -304,6 +304,10 @@ def plan_mla_decode(device, batch, s_q, num_heads, block_size, max_seq_len, seq_
     lens = None
     if seq_lens is not None and shape.device.device_type == KDL_CPU:
         lens = host_int32(seq_lens, "seq_lens")
+        # The C entry reads `batch` lengths from the pointer: a shorter array was read past its end.
+        if lens.size != shape.batch:
+            raise ValueError(f"mlakit: plan_mla_decode: seq_lens must have batch = {shape.batch} "
+                             f"entries, got {lens.size}")
     handle = ctypes.c_void_p()
     call("mlakit_plan_mla_decode", ctypes.byref(shape),
          None if lens is None else lens.ctypes.data_as(ctypes.POINTER(ctypes.c_int32)),
