@@ -20,7 +20,7 @@ from ._registry import Registry
 from .communicator import Communicator, call_with_collectives
 from .ops import kv_cache_dtype_code, stream_of, to_float
 from .planning import CHUNK_POLICY, QUERY_LEN_SUPPORT, _enum, plan_from_handle
-from .step import ForwardBatch, StepPlan, _CBatch
+from .step import ForwardBatch, StepPlan, _CBatch, config_struct
 
 
 @dataclass
@@ -109,7 +109,7 @@ class MlaAttention:
 
     def __init__(self, config, kv_b_proj_weight, kv_b_proj_scale_inv=None, communicator=None):
         self.config = config
-        c_config = config._to_c()
+        c_config = config_struct(config, "MlaAttention")
         w = describe(kv_b_proj_weight, "kv_b_proj_weight")
         s = describe_optional(kv_b_proj_scale_inv, "kv_b_proj_scale_inv")
         self.communicator = None  # kept alive as long as the layer: the library borrows it
@@ -163,6 +163,9 @@ class MlaAttention:
                                       self._handle, *[d.ref for d in described], batch._handle,
                                       out.ref, *scales, stream)
             return
+        if batch is not None and not isinstance(batch, ForwardBatch):
+            raise TypeError("mlakit: MlaAttention.forward: batch must be a StepPlan, a "
+                            f"ForwardBatch or None (profile run), got {type(batch).__name__}")
         cb = None if batch is None else _CBatch(batch)
         with self._lock:
             call_with_collectives(self.communicator, "mlakit_attention_forward", self._handle,

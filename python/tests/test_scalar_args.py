@@ -115,3 +115,26 @@ def test_config_fields_past_int64_are_refused_not_wrapped():
         mlakit.workspace_bytes(config)
     with pytest.raises(TypeError, match="MlaConfig.scale must be a number"):
         mlakit.workspace_bytes(mlakit.MlaConfig(scale="0.1"))  # float("0.1") took a string
+
+
+def test_objects_of_the_wrong_class_are_type_errors():
+    # These were AttributeErrors ('NoneType' object has no attribute 'query_start_loc' / '_to_c').
+    config = mlakit.MlaConfig(scale=0.1, num_heads=2, kv_lora_rank=16, qk_rope_head_dim=4,
+                              qk_nope_head_dim=4, v_head_dim=4, act_dtype="float32",
+                              block_size=4, max_num_seqs=4, max_model_len=64)
+    workspace = mlakit.Workspace(config)
+    with pytest.raises(TypeError, match="batch must be a ForwardBatch, got NoneType"):
+        mlakit.plan_step(config, None, workspace)
+    with pytest.raises(TypeError, match="plan_step takes an MlaConfig, got dict"):
+        mlakit.plan_step({"scale": 0.1}, None, workspace)
+    with pytest.raises(TypeError, match="MlaAttention takes an MlaConfig, got NoneType"):
+        mlakit.MlaAttention(None, np.ones((16, 16), F32))
+    with pytest.raises(TypeError, match="Workspace takes an MlaConfig, got str"):
+        mlakit.Workspace("config")
+    with pytest.raises(TypeError, match="workspace_bytes takes an MlaConfig, got int"):
+        mlakit.workspace_bytes(3)
+    layer = mlakit.MlaAttention(config, np.ones((16, 16), F32))
+    out = np.zeros((3, 8), F32)
+    with pytest.raises(TypeError, match="batch must be a StepPlan, a ForwardBatch or None"):
+        layer.forward(np.ones((3, 2, 8), F32), np.ones((3, 16), F32), np.ones((3, 4), F32),
+                      np.zeros((4, 4, 20), F32), "batch", out)
