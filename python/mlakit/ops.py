@@ -368,6 +368,9 @@ def mla_decode(q, kv_cache, block_table, seq_lens, out, lse, scale, kv_cache_dty
         # Sized for out's width: mla_decode itself reports an out that disagrees with kv_lora_rank.
         split_workspace = torch.empty(max(1, schedule.workspace_elems(s_q, heads, out.shape[3])),
                                       dtype=torch.float32, device=q.device)
+    if not isinstance(schedule, DecodeSchedule):
+        raise TypeError("mlakit: mla_decode: schedule must be a DecodeSchedule (plan_mla_decode), "
+                        f"got {type(schedule).__name__}")
     if split_workspace is None:
         raise ValueError(
             "mlakit: mla_decode: a schedule needs its split_workspace "

@@ -138,3 +138,13 @@ def test_objects_of_the_wrong_class_are_type_errors():
     with pytest.raises(TypeError, match="batch must be a StepPlan, a ForwardBatch or None"):
         layer.forward(np.ones((3, 2, 8), F32), np.ones((3, 16), F32), np.ones((3, 4), F32),
                       np.zeros((4, 4, 20), F32), "batch", out)
+
+
+def test_a_schedule_that_is_not_a_decode_schedule_is_a_type_error():
+    # It was an AttributeError ('dict' object has no attribute '_handle').
+    q = np.ones((1, 1, 1, 8), F32)
+    out, lse = np.zeros((1, 1, 1, 4), F32), np.zeros((1, 1, 1), F32)
+    with pytest.raises(TypeError, match="schedule must be a DecodeSchedule"):
+        ops.mla_decode(q, np.ones((1, 4, 8), F32), np.zeros((1, 1), np.int32),
+                       np.array([3], np.int32), out, lse, 0.5, schedule={"splits": 1},
+                       split_workspace=np.zeros(64, F32), kv_lora_rank=4)
