@@ -231,6 +231,7 @@ def dynamic_scaled_fp8_quant(out, input, scale):
 def scaled_fp8_quant(input, scale, output=None):
     """Static per-tensor fp8 quantization of `input` with `scale`; returns the fp8 tensor
     (`output` if given, else a new float8_e4m3fn array/tensor on input's device)."""
+    describe(input, "input")  # a TypeError naming input for a list or None, before its shape
     if output is None:
         if is_torch_tensor(input):
             import torch

@@ -148,3 +148,9 @@ def test_a_schedule_that_is_not_a_decode_schedule_is_a_type_error():
         ops.mla_decode(q, np.ones((1, 4, 8), F32), np.zeros((1, 1), np.int32),
                        np.array([3], np.int32), out, lse, 0.5, schedule={"splits": 1},
                        split_workspace=np.zeros(64, F32), kv_lora_rank=4)
+
+
+def test_scaled_fp8_quant_of_a_list_names_input():
+    # It was an AttributeError ('list' object has no attribute 'shape').
+    with pytest.raises(TypeError, match="input must be a numpy.ndarray or a torch.Tensor"):
+        ops.scaled_fp8_quant([1.0, 2.0], 1.0)
