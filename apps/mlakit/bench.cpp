@@ -7,9 +7,11 @@
 #include <filesystem>
 #include <iostream>
 #include <string>
+#include <system_error>
 
 #include "bench_report.hpp"
 #include "mlakit/dtype.hpp"
+#include "mlakit/error.hpp"
 #include "mlakit/threads.hpp"
 #include "output_file.hpp"
 #include "presets.hpp"
@@ -42,9 +44,23 @@ bool plot(const std::string& json_path, const std::string& png_path) {
   return true;
 }
 
+// --csv and --json naming one file: the JSON, written last, silently replaced the CSV.
+void check_outputs_distinct(const BenchOptions& o) {
+  if (o.csv_path.empty() || o.json_path.empty()) return;
+  std::error_code csv_error, json_error;  // a path that cannot be resolved: compared as given
+  const std::filesystem::path csv = std::filesystem::weakly_canonical(o.csv_path, csv_error);
+  const std::filesystem::path json = std::filesystem::weakly_canonical(o.json_path, json_error);
+  const bool same = csv_error || json_error ? o.csv_path == o.json_path : csv == json;
+  if (same) {
+    throw Error(ErrorCode::kInvalidArgument, "--csv " + o.csv_path + " and --json " + o.json_path +
+                                                 " name the same file; give each its own path");
+  }
+}
+
 }  // namespace
 
 int run_bench(const BenchOptions& o) {
+  check_outputs_distinct(o);
   const Device device = parse_device(o.device);
   const std::string model =
       !o.model.empty() ? o.model : (device.is_cuda() ? "deepseek-v3" : "deepseek-v2-lite");

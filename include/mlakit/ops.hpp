@@ -117,7 +117,9 @@ void cp_gather_cache(const TensorView& src_cache, const TensorView& dst,
 // prefix_lse, suffix_lse: f32 [H, T] (heads x tokens)
 // output_lse:             f32 [H, T] or absent
 // Both sides empty (-inf/-inf) gives out = 0, lse = -inf. Never produces NaN from finite or
-// infinite LSEs. `output` may alias `prefix_output` or `suffix_output`.
+// infinite LSEs. `output` may be `prefix_output` or `suffix_output` exactly (same view), and
+// `output_lse` may be `prefix_lse` or `suffix_lse` exactly; any other overlap (output with an LSE,
+// output_lse with a state, a partial overlap) throws.
 void merge_attn_states(const TensorView& output, const std::optional<TensorView>& output_lse,
                        const TensorView& prefix_output, const TensorView& prefix_lse,
                        const TensorView& suffix_output, const TensorView& suffix_lse,

@@ -7,6 +7,7 @@ import weakref
 from dataclasses import dataclass
 from typing import Any
 
+from ._args import to_bool, to_int
 from ._dlpack import (
     DLDataType,
     describe,
@@ -19,7 +20,7 @@ from ._registry import Registry
 from .communicator import Communicator, call_with_collectives
 from .ops import kv_cache_dtype_code, stream_of, to_float
 from .planning import CHUNK_POLICY, QUERY_LEN_SUPPORT, _enum, plan_from_handle
-from .step import ForwardBatch, StepPlan, _CBatch
+from .step import ForwardBatch, StepPlan, _CBatch, config_struct
 
 
 @dataclass
@@ -58,29 +59,30 @@ class MlaConfig:
     def _to_c(self):
         c = MlaConfigC()
         lib.mlakit_mla_config_init(ctypes.byref(c))
-        c.num_heads = self.num_heads
-        c.kv_lora_rank = self.kv_lora_rank
-        c.qk_rope_head_dim = self.qk_rope_head_dim
-        c.qk_nope_head_dim = self.qk_nope_head_dim
-        c.v_head_dim = self.v_head_dim
-        c.scale = float(self.scale)
+        c.num_heads = to_int(self.num_heads, "MlaConfig.num_heads")
+        c.kv_lora_rank = to_int(self.kv_lora_rank, "MlaConfig.kv_lora_rank")
+        c.qk_rope_head_dim = to_int(self.qk_rope_head_dim, "MlaConfig.qk_rope_head_dim")
+        c.qk_nope_head_dim = to_int(self.qk_nope_head_dim, "MlaConfig.qk_nope_head_dim")
+        c.v_head_dim = to_int(self.v_head_dim, "MlaConfig.v_head_dim")
+        c.scale = to_float(self.scale, "MlaConfig.scale")
         code, bits = dl_dtype_of(self.act_dtype)
         c.act_dtype = DLDataType(code, bits, 1)
         c.kv_cache_dtype = kv_cache_dtype_code(self.kv_cache_dtype)
-        c.block_size = self.block_size
-        c.decode_threshold = self.decode_threshold
+        c.block_size = to_int(self.block_size, "MlaConfig.block_size")
+        c.decode_threshold = to_int(self.decode_threshold, "MlaConfig.decode_threshold")
         c.query_len_support = _enum(QUERY_LEN_SUPPORT, self.query_len_support,
                                     "query_len_support")
         c.chunk_policy = _enum(CHUNK_POLICY, self.chunk_policy, "chunk_policy")
-        c.workspace_tokens = self.workspace_tokens
-        c.max_model_len = self.max_model_len
-        c.max_num_seqs = self.max_num_seqs
-        c.max_num_batched_tokens = self.max_num_batched_tokens
-        c.batch_invariant = 1 if self.batch_invariant else 0
+        c.workspace_tokens = to_int(self.workspace_tokens, "MlaConfig.workspace_tokens")
+        c.max_model_len = to_int(self.max_model_len, "MlaConfig.max_model_len")
+        c.max_num_seqs = to_int(self.max_num_seqs, "MlaConfig.max_num_seqs")
+        c.max_num_batched_tokens = to_int(self.max_num_batched_tokens,
+                                          "MlaConfig.max_num_batched_tokens")
+        c.batch_invariant = 1 if to_bool(self.batch_invariant, "MlaConfig.batch_invariant") else 0
         c.device = dl_device(self.device)
-        c.dcp_world_size = self.dcp_world_size
-        c.dcp_rank = self.dcp_rank
-        c.dcp_interleave = self.dcp_interleave
+        c.dcp_world_size = to_int(self.dcp_world_size, "MlaConfig.dcp_world_size")
+        c.dcp_rank = to_int(self.dcp_rank, "MlaConfig.dcp_rank")
+        c.dcp_interleave = to_int(self.dcp_interleave, "MlaConfig.dcp_interleave")
         return c
 
 
@@ -107,7 +109,7 @@ class MlaAttention:
 
     def __init__(self, config, kv_b_proj_weight, kv_b_proj_scale_inv=None, communicator=None):
         self.config = config
-        c_config = config._to_c()
+        c_config = config_struct(config, "MlaAttention")
         w = describe(kv_b_proj_weight, "kv_b_proj_weight")
         s = describe_optional(kv_b_proj_scale_inv, "kv_b_proj_scale_inv")
         self.communicator = None  # kept alive as long as the layer: the library borrows it
@@ -161,6 +163,9 @@ class MlaAttention:
                                       self._handle, *[d.ref for d in described], batch._handle,
                                       out.ref, *scales, stream)
             return
+        if batch is not None and not isinstance(batch, ForwardBatch):
+            raise TypeError("mlakit: MlaAttention.forward: batch must be a StepPlan, a "
+                            f"ForwardBatch or None (profile run), got {type(batch).__name__}")
         cb = None if batch is None else _CBatch(batch)
         with self._lock:
             call_with_collectives(self.communicator, "mlakit_attention_forward", self._handle,

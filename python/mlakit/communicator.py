@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ._args import INT32_MAX, INT32_MIN, to_int
 from ._dlpack import KDL_BFLOAT, KDL_FLOAT, KDL_FLOAT8_E4M3FN, KDL_UINT, dl_device
 from ._library import CollectiveFn, CommunicatorCallbacksC, MlakitError, call, lib
 from ._registry import Registry
@@ -76,8 +77,8 @@ class Communicator:
     collective, as with any communication library: the caller should abort the group."""
 
     def __init__(self, rank, world_size, device="cpu"):
-        self.rank = int(rank)
-        self.world_size = int(world_size)
+        self.rank = to_int(rank, "rank", INT32_MIN, INT32_MAX)  # int32_t fields of the C struct
+        self.world_size = to_int(world_size, "world_size", INT32_MIN, INT32_MAX)
         self.device = _device_name(device)
         self._error = None
         self.communicator_id = _COMMUNICATORS.add(self)

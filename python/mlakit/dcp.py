@@ -4,14 +4,19 @@ with W ranks and interleave I, global position p belongs to rank (p // I) % W, a
 dcp_local_seq_len: a request of global length L needs ceil(dcp_local_seq_len(L, W, r, I) /
 block_size) blocks on rank r."""
 
+from ._args import to_int
+
 
 def _check(world_size, interleave):
+    to_int(world_size, "world_size")
+    to_int(interleave, "interleave")
     if world_size < 1 or interleave < 1:
         raise ValueError(f"mlakit: world_size and interleave must be >= 1, got {world_size} "
                          f"and {interleave}")
 
 
 def _check_non_negative(name, value):
+    to_int(value, name)
     if value < 0:
         raise ValueError(f"mlakit: {name} must be >= 0, got {value}")
 
@@ -34,6 +39,7 @@ def dcp_local_seq_len(seq_len, world_size, rank, interleave=1):
     """How many of the positions [0, seq_len) rank `rank` holds (spec B.7 with F-7 fixed)."""
     _check(world_size, interleave)
     _check_non_negative("seq_len", seq_len)
+    to_int(rank, "rank")
     if not 0 <= rank < world_size:
         raise ValueError(f"mlakit: rank must be in [0, {world_size}), got {rank}")
     turn = world_size * interleave

@@ -12,6 +12,7 @@ import weakref
 
 import numpy as np
 
+from ._args import to_bool, to_int, to_int32
 from ._dlpack import KDL_CPU, KDL_CUDA, describe, describe_optional, dl_device, is_torch_tensor
 from ._library import DecodePlanShapeC, call, lib
 
@@ -21,8 +22,8 @@ _KV_CACHE_DTYPES = {}  # name -> code, filled by kv_cache_dtype_code
 def kv_cache_dtype_code(kv_cache_dtype):
     """The mlakit_kv_cache_dtype_t of vLLM's cache dtype names ('auto', 'fp8', 'fp8_e4m3',
     'fp8_ds_mla', 'bfloat16', 'float16'); ints pass through."""
-    if isinstance(kv_cache_dtype, int):
-        return kv_cache_dtype
+    if isinstance(kv_cache_dtype, (bool, int)):  # a bool is an int to Python: to_int32 refuses it
+        return to_int32(kv_cache_dtype, "kv_cache_dtype")
     code = _KV_CACHE_DTYPES.get(kv_cache_dtype)
     if code is None:
         out = ctypes.c_int32()
@@ -34,6 +35,8 @@ def kv_cache_dtype_code(kv_cache_dtype):
 def to_float(value, name):
     """A scale given as a Python number or a one-element array/tensor (reading a CUDA tensor
     synchronises; pass a float where the call must be capturable in a CUDA graph)."""
+    if isinstance(value, (bool, np.bool_)):
+        raise TypeError(f"mlakit: {name} must be a number or a one-element tensor, got a bool")
     if isinstance(value, (int, float, np.floating, np.integer)):
         return float(value)
     if is_torch_tensor(value) or isinstance(value, np.ndarray):
@@ -87,7 +90,8 @@ def concat_and_cache_mla(kv_c, k_pe, kv_cache, slot_mapping, kv_cache_dtype="aut
     array/tensor on kv_c's device, read where the op runs (on CUDA by the kernel: capturable in a
     CUDA graph; a value that is not finite and > 0 writes NaN codes and is reported by
     check_device_errors)."""
-    if k_pe.ndim == 3 and k_pe.shape[1] == 1:  # vLLM passes k_pe unsqueezed: [T', 1, R]
+    # vLLM passes k_pe unsqueezed: [T', 1, R]. (getattr: a list gets describe's TypeError.)
+    if getattr(k_pe, "ndim", None) == 3 and k_pe.shape[1] == 1:
         k_pe = k_pe[:, 0]
     a = describe(kv_c, "kv_c")
     b = describe(k_pe, "k_pe")
@@ -123,10 +127,11 @@ def gather_and_maybe_dequant_cache(src_cache, dst, block_table, cu_seq_lens, tok
     sc = tensor_scale(scale, "scale")
     if sc is not None:
         call("mlakit_gather_and_maybe_dequant_cache_tensor_scale", s.ref, d.ref, bt.ref, cu.ref,
-             tts.ref, int(num_tokens), code, sc.ref, _ref(ss), stream_of(s, d, bt, cu, tts, ss, sc))
+             tts.ref, to_int(num_tokens, "num_tokens"), code, sc.ref, _ref(ss),
+             stream_of(s, d, bt, cu, tts, ss, sc))
         return
     call("mlakit_gather_and_maybe_dequant_cache", s.ref, d.ref, bt.ref, cu.ref, tts.ref,
-         int(num_tokens), code, to_float(scale, "scale"), _ref(ss),
+         to_int(num_tokens, "num_tokens"), code, to_float(scale, "scale"), _ref(ss),
          stream_of(s, d, bt, cu, tts, ss))
 
 
@@ -142,8 +147,8 @@ def cp_gather_cache(src_cache, dst, block_table, cu_seq_lens, batch_size, seq_st
     bt = describe(block_table, "block_table")
     cu = describe(cu_seq_lens, "cu_seq_lens")
     ss = describe_optional(seq_starts, "seq_starts")
-    call("mlakit_cp_gather_cache", s.ref, d.ref, bt.ref, cu.ref, int(batch_size), _ref(ss),
-         stream_of(s, d, bt, cu, ss))
+    call("mlakit_cp_gather_cache", s.ref, d.ref, bt.ref, cu.ref, to_int(batch_size, "batch_size"),
+         _ref(ss), stream_of(s, d, bt, cu, ss))
 
 
 # ---- Attention pieces ---------------------------------------------------------------------------
@@ -190,7 +195,7 @@ def dcp_lse_correct(partial_out, all_lse_tokens_heads, rank, corrected):
     p = describe(partial_out, "partial_out")
     al = describe(all_lse_tokens_heads, "all_lse_tokens_heads")
     c = describe(corrected, "corrected", writable=True)
-    call("mlakit_dcp_lse_correct", p.ref, al.ref, int(rank), c.ref, stream_of(p, al, c))
+    call("mlakit_dcp_lse_correct", p.ref, al.ref, to_int(rank, "rank"), c.ref, stream_of(p, al, c))
 
 
 def static_scaled_fp8_quant(out, input, scale):
@@ -226,6 +231,7 @@ def dynamic_scaled_fp8_quant(out, input, scale):
 def scaled_fp8_quant(input, scale, output=None):
     """Static per-tensor fp8 quantization of `input` with `scale`; returns the fp8 tensor
     (`output` if given, else a new float8_e4m3fn array/tensor on input's device)."""
+    describe(input, "input")  # a TypeError naming input for a list or None, before its shape
     if output is None:
         if is_torch_tensor(input):
             import torch
@@ -253,7 +259,8 @@ class DecodeSchedule:
         lens = host_int32(seq_lens, "seq_lens")
         handle = ctypes.c_void_p()
         call("mlakit_plan_decode_splits", lens.ctypes.data_as(ctypes.POINTER(ctypes.c_int32)),
-             lens.size, int(block_size), int(num_workers), ctypes.byref(handle))
+             lens.size, to_int(block_size, "block_size"),
+             to_int(num_workers, "num_workers"), ctypes.byref(handle))
         self._adopt(handle)
 
     @classmethod
@@ -273,8 +280,9 @@ class DecodeSchedule:
     def workspace_elems(self, s_q, num_heads, kv_lora_rank):
         """float32 elements of the split workspace mla_decode needs with this schedule."""
         elems = ctypes.c_int64()
-        call("mlakit_decode_workspace_elems", self._handle, int(s_q), int(num_heads),
-             int(kv_lora_rank), ctypes.byref(elems))
+        call("mlakit_decode_workspace_elems", self._handle, to_int(s_q, "s_q"),
+             to_int(num_heads, "num_heads"), to_int(kv_lora_rank, "kv_lora_rank"),
+             ctypes.byref(elems))
         return elems.value
 
 
@@ -290,11 +298,17 @@ def plan_mla_decode(device, batch, s_q, num_heads, block_size, max_seq_len, seq_
     on the rest of the batch."""
     from .planning import host_int32
 
-    shape = DecodePlanShapeC(dl_device(device), int(batch), int(s_q), int(num_heads),
-                             int(block_size), int(max_seq_len), 1 if batch_invariant else 0)
+    shape = DecodePlanShapeC(dl_device(device), to_int(batch, "batch"), to_int(s_q, "s_q"),
+                             to_int(num_heads, "num_heads"), to_int(block_size, "block_size"),
+                             to_int(max_seq_len, "max_seq_len"),
+                             1 if to_bool(batch_invariant, "batch_invariant") else 0)
     lens = None
     if seq_lens is not None and shape.device.device_type == KDL_CPU:
         lens = host_int32(seq_lens, "seq_lens")
+        # The C entry reads `batch` lengths from the pointer: a shorter array was read past its end.
+        if lens.size != shape.batch:
+            raise ValueError(f"mlakit: plan_mla_decode: seq_lens must have batch = {shape.batch} "
+                             f"entries, got {lens.size}")
     handle = ctypes.c_void_p()
     call("mlakit_plan_mla_decode", ctypes.byref(shape),
          None if lens is None else lens.ctypes.data_as(ctypes.POINTER(ctypes.c_int32)),
@@ -336,8 +350,8 @@ def mla_decode(q, kv_cache, block_table, seq_lens, out, lse, scale, kv_cache_dty
     else:
         args += [d for d in scales if d is not None]
         scales = tuple(_ref(d) for d in scales)
-    scalars = (int(kv_lora_rank), to_float(scale, "scale"), kv_cache_dtype_code(kv_cache_dtype),
-               *scales)
+    scalars = (to_int(kv_lora_rank, "kv_lora_rank"), to_float(scale, "scale"),
+               kv_cache_dtype_code(kv_cache_dtype), *scales)
     if schedule is None:
         if split_workspace is not None:
             raise ValueError(
@@ -355,6 +369,9 @@ def mla_decode(q, kv_cache, block_table, seq_lens, out, lse, scale, kv_cache_dty
         # Sized for out's width: mla_decode itself reports an out that disagrees with kv_lora_rank.
         split_workspace = torch.empty(max(1, schedule.workspace_elems(s_q, heads, out.shape[3])),
                                       dtype=torch.float32, device=q.device)
+    if not isinstance(schedule, DecodeSchedule):
+        raise TypeError("mlakit: mla_decode: schedule must be a DecodeSchedule (plan_mla_decode), "
+                        f"got {type(schedule).__name__}")
     if split_workspace is None:
         raise ValueError(
             "mlakit: mla_decode: a schedule needs its split_workspace "
@@ -407,8 +424,9 @@ def mla_prefill(q, k_nope, k_pe, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
             describe(cu_seqlens_k, "cu_seqlens_k")]
     o = describe(out, "out", writable=True)
     ls = describe_optional(lse, "lse", writable=True)
-    call("mlakit_mla_prefill", *[a.ref for a in args], int(max_seqlen_q), int(max_seqlen_k),
-         to_float(scale, "scale"), 1 if causal else 0, o.ref, _ref(ls), stream_of(*args, o, ls))
+    call("mlakit_mla_prefill", *[a.ref for a in args], to_int(max_seqlen_q, "max_seqlen_q"),
+         to_int(max_seqlen_k, "max_seqlen_k"), to_float(scale, "scale"),
+         1 if to_bool(causal, "causal") else 0, o.ref, _ref(ls), stream_of(*args, o, ls))
 
 
 __all__ = [

@@ -9,6 +9,7 @@ from typing import List
 
 import numpy as np
 
+from ._args import to_bool, to_int, to_int32
 from ._dlpack import is_torch_tensor
 from ._library import PlannerConfigC, PlanSummaryC, SplitCountsC, call, lib
 
@@ -38,8 +39,8 @@ def _ptr(array):
 
 
 def _enum(table, value, name):
-    if isinstance(value, int):
-        return value
+    if isinstance(value, (bool, int)):  # a code; to_int32 refuses a bool
+        return to_int32(value, name)
     if value not in table:
         raise ValueError(f"mlakit: {name} must be one of {sorted(table)}, got {value!r}")
     return table[value]
@@ -65,10 +66,12 @@ def split_decodes_and_prefills(query_start_loc, num_actual_tokens=None, decode_t
     qsl = host_int32(query_start_loc, "query_start_loc")
     if qsl.size == 0:
         raise ValueError("mlakit: query_start_loc must have at least one element")
-    tokens = int(qsl[-1]) if num_actual_tokens is None else int(num_actual_tokens)
+    tokens = (int(qsl[-1]) if num_actual_tokens is None
+              else to_int(num_actual_tokens, "num_actual_tokens"))
     counts = SplitCountsC()
     call("mlakit_split_decodes_and_prefills", _ptr(qsl), qsl.size - 1, tokens,
-         int(decode_threshold), 1 if require_uniform else 0, ctypes.byref(counts))
+         to_int(decode_threshold, "decode_threshold"),
+         1 if to_bool(require_uniform, "require_uniform") else 0, ctypes.byref(counts))
     return SplitCounts._from_c(counts)
 
 
@@ -81,15 +84,16 @@ def reorder_decodes_first(num_scheduled, num_computed, decode_threshold=1):
                          f"has {computed.size}")
     order = np.empty(scheduled.size, dtype=np.int32)
     call("mlakit_reorder_decodes_first", _ptr(scheduled), _ptr(computed), scheduled.size,
-         int(decode_threshold), _ptr(order))
+         to_int(decode_threshold, "decode_threshold"), _ptr(order))
     return order
 
 
 def chunked_prefill_workspace_tokens(max_model_len, max_num_seqs, block_size):
     """Rows of the chunked-context gather workspace (spec B.2)."""
     tokens = ctypes.c_int64()
-    call("mlakit_chunked_prefill_workspace_tokens", int(max_model_len), int(max_num_seqs),
-         int(block_size), ctypes.byref(tokens))
+    call("mlakit_chunked_prefill_workspace_tokens", to_int(max_model_len, "max_model_len"),
+         to_int(max_num_seqs, "max_num_seqs"), to_int(block_size, "block_size"),
+         ctypes.byref(tokens))
     return tokens.value
 
 
@@ -183,15 +187,17 @@ def plan(query_start_loc, seq_lens, block_table_width, workspace_tokens, num_act
                          f"entries, got {qsl.size}")
     config = PlannerConfigC()
     lib.mlakit_planner_config_init(ctypes.byref(config))
-    config.block_size = int(block_size)
-    config.decode_threshold = int(decode_threshold)
+    config.block_size = to_int(block_size, "block_size")
+    config.decode_threshold = to_int(decode_threshold, "decode_threshold")
     config.query_len_support = _enum(QUERY_LEN_SUPPORT, query_len_support, "query_len_support")
     config.chunk_policy = _enum(CHUNK_POLICY, chunk_policy, "chunk_policy")
-    config.workspace_tokens = int(workspace_tokens)
-    config.num_workers = int(num_workers)
-    tokens = int(qsl[-1]) if num_actual_tokens is None else int(num_actual_tokens)
+    config.workspace_tokens = to_int(workspace_tokens, "workspace_tokens")
+    config.num_workers = to_int(num_workers, "num_workers")
+    tokens = (int(qsl[-1]) if num_actual_tokens is None
+              else to_int(num_actual_tokens, "num_actual_tokens"))
     handle = ctypes.c_void_p()
-    call("mlakit_make_plan", _ptr(qsl), _ptr(lens), lens.size, tokens, int(block_table_width),
+    call("mlakit_make_plan", _ptr(qsl), _ptr(lens), lens.size, tokens,
+         to_int(block_table_width, "block_table_width"),
          ctypes.byref(config), ctypes.byref(handle))
     return plan_from_handle(handle)
 

@@ -15,6 +15,7 @@ import weakref
 from dataclasses import dataclass
 from typing import Any, Optional
 
+from ._args import to_int
 from ._dlpack import current_stream, describe
 from ._library import ForwardBatchC, StepPlanInfoC, call, lib
 from ._registry import Registry
@@ -44,10 +45,20 @@ class ForwardBatch:
     num_actual_tokens: Optional[int] = None
 
 
+def config_struct(config, who):
+    """The C struct of an MlaConfig; TypeError naming `who` for anything else (None, a dict)."""
+    to_c = getattr(config, "_to_c", None)
+    if to_c is None:
+        raise TypeError(f"mlakit: {who} takes an MlaConfig, got {type(config).__name__}")
+    return to_c()
+
+
 class _CBatch:
     """The C struct of a ForwardBatch plus the host arrays and descriptions it points to."""
 
     def __init__(self, batch):
+        if not isinstance(batch, ForwardBatch):
+            raise TypeError(f"mlakit: batch must be a ForwardBatch, got {type(batch).__name__}")
         self.qsl = host_int32(batch.query_start_loc, "batch.query_start_loc")
         self.lens = host_int32(batch.seq_lens, "batch.seq_lens")
         if self.qsl.size != self.lens.size + 1:
@@ -62,7 +73,7 @@ class _CBatch:
             self.qsl.ctypes.data_as(_I32),
             self.lens.ctypes.data_as(_I32),
             self.lens.size,
-            int(self.qsl[-1]) if tokens is None else int(tokens),
+            int(self.qsl[-1]) if tokens is None else to_int(tokens, "batch.num_actual_tokens"),
             ctypes.pointer(self.block_table.tensor),
             ctypes.pointer(self.slot_mapping.tensor),
         )
@@ -75,7 +86,7 @@ class _CBatch:
 def workspace_bytes(config):
     """Bytes of scratch the worst step within config's limits (max_num_batched_tokens,
     max_num_seqs, max_model_len) needs; independent of the number of layers."""
-    c_config = config._to_c()
+    c_config = config_struct(config, "workspace_bytes")
     bytes_ = ctypes.c_int64()
     call("mlakit_workspace_bytes", ctypes.byref(c_config), ctypes.byref(bytes_))
     return bytes_.value
@@ -98,7 +109,7 @@ class Workspace:
 
     def __init__(self, config):
         self.config = config
-        c_config = config._to_c()
+        c_config = config_struct(config, "Workspace")
         handle = ctypes.c_void_p()
         call("mlakit_workspace_create", ctypes.byref(c_config), ctypes.byref(handle))
         self._handle = handle
@@ -171,7 +182,7 @@ def plan_step(config, batch, workspace):
     the limit a step exceeds. The result also becomes workspace.current_plan."""
     if not isinstance(workspace, Workspace):
         raise TypeError(f"mlakit: plan_step takes a Workspace, got {type(workspace).__name__}")
-    c_config = config._to_c()
+    c_config = config_struct(config, "plan_step")
     cb = _CBatch(batch)
     handle = ctypes.c_void_p()
     with workspace._lock:

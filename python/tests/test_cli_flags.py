@@ -91,6 +91,16 @@ def test_bench_csv_on_a_full_disk_fails(tmp_path):
                       "--json", "cannot open for writing")
 
 
+def test_bench_refuses_csv_and_json_in_one_file(tmp_path):
+    # The JSON, written last, silently replaced the CSV (the command then ran the whole grid).
+    same = tmp_path / "results"
+    for other in (str(same), str(tmp_path / "." / "results")):
+        proc = mlakit("bench", "--quick", "--reps", "1", "--csv", str(same), "--json", other,
+                      timeout=20)
+        expect_flag_error(proc, "--csv", "--json", "name the same file")
+    assert not same.exists()
+
+
 def test_verify_heads_reports_the_heads_checked():
     proc = mlakit("run", *SMALL, "--verify", "--verify-heads", "1000")
     assert proc.returncode == 0, proc.stderr

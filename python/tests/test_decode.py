@@ -141,6 +141,15 @@ def test_plan_mla_decode_checks_its_arguments():
             mlakit.plan_mla_decode("cuda", 1, 1, N, BLOCK, 64)
 
 
+def test_plan_mla_decode_refuses_seq_lens_of_another_length():
+    # The C entry takes a pointer and reads `batch` lengths: one short array was read past its
+    # end (a garbage length in the error, or a schedule planned from whatever followed).
+    for lens in ([3], [3, 4, 5]):
+        with pytest.raises(ValueError, match=re.escape(
+                f"plan_mla_decode: seq_lens must have batch = 2 entries, got {len(lens)}")):
+            mlakit.plan_mla_decode("cpu", 2, 1, N, BLOCK, 2**31 - 1, seq_lens=lens)
+
+
 def test_plan_mla_decode_refuses_a_seq_len_above_max_seq_len_on_the_cpu():
     # max_seq_len bounds every seq_len; the CPU has the lengths and checks them at the call (a
     # stress finding: it accepted them).

@@ -94,7 +94,7 @@ def _config(c):
         kv_cache_dtype=c.s("kv_cache_dtype", "auto"), block_size=c.s("block_size", 64),
         decode_threshold=c.s("decode_threshold", 1), workspace_tokens=c.s("workspace_tokens", 0),
         max_model_len=c.s("max_model_len", 4096), max_num_seqs=c.s("max_num_seqs", 256),
-        device=c.s("device", "cpu"))
+        query_len_support=c.s("query_len_support", "varlen"), device=c.s("device", "cpu"))
 
 
 def _decode(c, tensor_scales=False):

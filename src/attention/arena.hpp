@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <initializer_list>
+#include <limits>
 
 #include "core/check.hpp"
 #include "mlakit/types.hpp"
@@ -26,7 +27,17 @@ class Arena {
                                          // and for cuBLAS (which wants 256-byte alignment)
     used_ = (used_ + kAlignment - 1) / kAlignment * kAlignment;
     TensorView t = TensorView::contiguous(nullptr, dtype, shape, device_);
-    const int64_t bytes = t.numel() * dtype_size(dtype);
+    // Sizes from absurd limits (each dim and limit may be up to 2^31 - 1) must not wrap: a wrapped
+    // count made workspace_bytes return a small wrong size. numel() saturates at INT64_MAX.
+    int64_t bytes = 0, end = 0;
+    require(t.numel() < std::numeric_limits<int64_t>::max() &&
+                !__builtin_mul_overflow(t.numel(), int64_t{dtype_size(dtype)}, &bytes) &&
+                !__builtin_add_overflow(used_, bytes, &end) &&
+                end <= std::numeric_limits<int64_t>::max() - kAlignment,
+            ErrorCode::kInvalidArgument, "workspace_bytes: a step temporary of shape ",
+            shape_string(t), " ", dtype_name(dtype),
+            " takes the workspace past 2^63 bytes; lower the configuration's limits "
+            "(max_num_batched_tokens, max_num_seqs, max_model_len, workspace_tokens) or dims");
     if (base_ != nullptr) {
       require(used_ + bytes <= capacity_, ErrorCode::kInternal, "workspace arena overflow: need ",
               used_ + bytes, " bytes, have ", capacity_);

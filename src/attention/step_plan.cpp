@@ -50,6 +50,15 @@ void validate_config(const MlaAttentionConfig& c) {
   require(c.workspace_tokens >= 0, ErrorCode::kInvalidArgument,
           "MlaAttention: workspace_tokens must be >= 0 (0 = derive from max_model_len), got ",
           c.workspace_tokens);
+  // make_plan's bound (int32 row offsets), checked here so that a layer and its Workspace refuse
+  // the configuration instead of every forward step.
+  require(c.workspace_tokens <= std::numeric_limits<int32_t>::max(), ErrorCode::kInvalidArgument,
+          "MlaAttention: workspace_tokens must be at most 2147483647 (int32 row offsets), got ",
+          c.workspace_tokens);
+  require(c.query_len_support != QueryLenSupport::kSingleOnly || c.decode_threshold == 1,
+          ErrorCode::kInvalidArgument,
+          "MlaAttention: decode_threshold must be 1 when query_len_support is single_only, got ",
+          c.decode_threshold);
   require(c.max_model_len > 0 && c.max_num_seqs > 0 && c.max_num_batched_tokens > 0,
           ErrorCode::kInvalidArgument,
           "MlaAttention: max_model_len, max_num_seqs and max_num_batched_tokens must be > 0, got ",

@@ -39,7 +39,10 @@ TensorView make_dense(void* data, DType dtype, std::span<const int64_t> shape, D
             shape[d]);
     t.shape[d] = shape[d];
     t.strides[d] = stride;
-    stride *= shape[d];
+    // Saturates on overflow: only a view without elements, or one check_storage rejects (its
+    // extent overflows), can have such sizes; the product must not wrap (undefined behaviour).
+    if (__builtin_mul_overflow(stride, shape[d], &stride))
+      stride = std::numeric_limits<int64_t>::max();
   }
   return t;
 }
@@ -93,8 +96,10 @@ bool TensorView::is_contiguous() const {
 
 TensorView TensorView::narrow(int dim, int64_t start, int64_t length) const {
   const int d = normalize_dim(*this, dim);
-  require(start >= 0 && length >= 0 && start + length <= shape[d], ErrorCode::kInvalidArgument,
-          "narrow(", dim, ", ", start, ", ", length, ") is out of range for size ", shape[d]);
+  // length <= size - start: start + length could wrap past int64 and pass.
+  require(start >= 0 && length >= 0 && start <= shape[d] && length <= shape[d] - start,
+          ErrorCode::kInvalidArgument, "narrow(", dim, ", ", start, ", ", length,
+          ") is out of range for size ", shape[d]);
   TensorView t = *this;
   if (length > 0) t.data = element_ptr(start * strides[d]);
   t.shape[d] = length;
@@ -133,7 +138,11 @@ std::string TensorView::to_string() const { return detail::str_cat(detail::view_
 Tensor Tensor::empty(std::span<const int64_t> shape, DType dtype, Device device) {
   Tensor t;
   t.view_ = make_dense(nullptr, dtype, shape, device);
-  const int64_t bytes = t.view_.numel() * dtype_size(dtype);
+  int64_t bytes = 0;  // numel() saturates at INT64_MAX when the element count overflows
+  require(t.view_.numel() < std::numeric_limits<int64_t>::max() &&
+              !__builtin_mul_overflow(t.view_.numel(), int64_t{dtype_size(dtype)}, &bytes),
+          ErrorCode::kInvalidArgument, "Tensor::empty: shape ", detail::shape_string(t.view_),
+          " of ", dtype_name(dtype), " needs more than 2^63 bytes");
   if (bytes == 0) return t;
   if (device.is_cpu()) {
     constexpr size_t kAlignment = 64;  // one cache line; also enough for any SIMD load

@@ -10,6 +10,7 @@
 #include <cfloat>
 #include <cmath>
 #include <cstring>
+#include <limits>
 
 #include "core/check.hpp"
 #include "cpu/parallel.hpp"
@@ -140,7 +141,10 @@ void check_block(const char* op, const TensorView& table, int64_t num_blocks, in
 // ---- concat_and_cache_mla -----------------------------------------------------------------------
 
 void check_slots(const TensorView& slot_mapping, int64_t num_blocks, int64_t block_size) {
-  const int64_t num_slots = num_blocks * block_size;
+  int64_t num_slots = 0;  // an element-less cache (entry width 0) may claim any sizes: saturate
+  if (__builtin_mul_overflow(num_blocks, block_size, &num_slots)) {
+    num_slots = std::numeric_limits<int64_t>::max();
+  }
   for (int64_t t = 0; t < slot_mapping.shape[0]; ++t) {
     const int64_t slot = index_at(slot_mapping, t);
     require(slot < num_slots, ErrorCode::kOutOfRange, kConcatOp, ": token ", t, " has slot ", slot,

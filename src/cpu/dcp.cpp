@@ -56,6 +56,11 @@ void dcp_slot_mapping(const TensorView& positions, const TensorView& token_to_re
     const int64_t block = table[r * block_table.strides[0] + column * block_table.strides[1]];
     detail::require(block >= 0, ErrorCode::kOutOfRange, kSlotOp, ": block_table[", r, ", ", column,
                     "] = ", block, " (needed by token ", t, ") must be a block id >= 0");
+    // The slot block * block_size + offset must not wrap (a negative slot would skip the token).
+    detail::require(block <= (std::numeric_limits<int64_t>::max() - (block_size - 1)) / block_size,
+                    ErrorCode::kInvalidArgument, kSlotOp, ": block_table[", r, ", ", column,
+                    "] = ", block, " x block_size ", block_size,
+                    " overflows int64 (the slot of token ", t, ")");
   }
   // Pass 2: the slots.
   for (int64_t t = 0; t < tokens; ++t) {

@@ -95,6 +95,8 @@ void dcp_lse_combine(const TensorView& partial_out, const TensorView& partial_ls
   detail::check_no_self_overlap(kCombineOp, "out", out);
   require(!views_overlap(out, partial_out), ErrorCode::kInvalidArgument, kCombineOp,
           ": out must not overlap partial_out");
+  require(!views_overlap(out, partial_lse_tokens_heads), ErrorCode::kInvalidArgument, kCombineOp,
+          ": out must not overlap partial_lse_tokens_heads");
   Device device =
       detail::common_device(kCombineOp, {{"partial_out", &partial_out},
                                          {"partial_lse_tokens_heads", &partial_lse_tokens_heads},
@@ -186,7 +188,15 @@ void dcp_gathered_rows(const TensorView& cu_seq_lens, const TensorView& seq_star
           ": rows_per_rank must be >= 0, got ", rows_per_rank);
   require(interleave >= 1, ErrorCode::kInvalidArgument, kRowsOp, ": interleave must be >= 1, got ",
           interleave);
-  require(rank_cu_seq_lens.shape[0] * rows_per_rank <= std::numeric_limits<int32_t>::max(),
+  int64_t turn = 0;  // positions of one turn of all ranks, W * I
+  require(
+      !__builtin_mul_overflow(rank_cu_seq_lens.shape[0], interleave, &turn),
+      ErrorCode::kInvalidArgument, kRowsOp,
+      ": world_size * interleave (rank_cu_seq_lens.shape[0] * interleave) overflows int64, got ",
+      rank_cu_seq_lens.shape[0], " * ", interleave);
+  int64_t gathered = 0;  // rows of the all-gathered buffer
+  require(!__builtin_mul_overflow(rank_cu_seq_lens.shape[0], rows_per_rank, &gathered) &&
+              gathered <= std::numeric_limits<int32_t>::max(),
           ErrorCode::kInvalidArgument, kRowsOp,
           ": the all-gathered rows (rank_cu_seq_lens.shape[0] * rows_per_rank) must fit in int32, "
           "got ",
@@ -194,6 +204,10 @@ void dcp_gathered_rows(const TensorView& cu_seq_lens, const TensorView& seq_star
   require(num_tokens >= 0, ErrorCode::kInvalidArgument, kRowsOp, ": num_tokens must be >= 0, got ",
           num_tokens);
   detail::check_min_size(kRowsOp, "row_index", row_index, 0, num_tokens);
+  detail::check_outputs_apart(kRowsOp, {{"row_index", &row_index}},
+                              {{"cu_seq_lens", &cu_seq_lens},
+                               {"seq_starts", &seq_starts},
+                               {"rank_cu_seq_lens", &rank_cu_seq_lens}});
   if (device.is_cuda()) {
 #ifdef MLAKIT_WITH_CUDA
     return cuda::dcp_gathered_rows(cu_seq_lens, seq_starts, rank_cu_seq_lens, rows_per_rank,

@@ -114,6 +114,10 @@ void merge_attn_states(const TensorView& output, const std::optional<TensorView>
                                               {"prefix_lse", &prefix_lse},
                                               {"suffix_output", &suffix_output},
                                               {"suffix_lse", &suffix_lse}});
+  // output may be prefix_output or suffix_output exactly (in place); it must not share memory
+  // with an LSE, which the merge reads while it writes output.
+  detail::check_outputs_apart(kOp, {{"output", &output}},
+                              {{"prefix_lse", &prefix_lse}, {"suffix_lse", &suffix_lse}});
   if (output_lse) {
     const TensorView& lse = *output_lse;
     check_lse("output_lse", lse, output);
@@ -121,6 +125,10 @@ void merge_attn_states(const TensorView& output, const std::optional<TensorView>
     check_alias("output_lse", lse, "prefix_lse", prefix_lse);
     check_alias("output_lse", lse, "suffix_lse", suffix_lse);
     check_alias("output_lse", lse, "output", output);
+    // output_lse may be an input LSE exactly, never a state the merge reads.
+    detail::check_outputs_apart(
+        kOp, {{"output_lse", &lse}},
+        {{"prefix_output", &prefix_output}, {"suffix_output", &suffix_output}});
     device = detail::common_device(kOp, {{"output", &output}, {"output_lse", &lse}});
   }
 

@@ -18,6 +18,9 @@ void DcpConfig::validate() const {
           ": rank must be in [0, world_size = ", world_size, "), got ", rank);
   require(interleave >= 1, ErrorCode::kInvalidArgument, kOp, ": interleave must be >= 1, got ",
           interleave);
+  int64_t turn = 0;  // positions of one turn of all ranks: every placement formula divides by it
+  require(!__builtin_mul_overflow(world_size, interleave, &turn), ErrorCode::kInvalidArgument, kOp,
+          ": world_size * interleave must fit in int64, got ", world_size, " * ", interleave);
 }
 
 std::vector<int32_t> dcp_local_seq_lens(std::span<const int32_t> seq_lens, const DcpConfig& dcp) {

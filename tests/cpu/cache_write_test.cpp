@@ -228,6 +228,20 @@ TEST(ConcatAndCacheMla, EmptyViewsWithZeroStridesAreANoOp) {
       ops::concat_and_cache_mla(kv_c, k_pe, no_blocks, slots, KvCacheDType::kAuto, 1.0f));
 }
 
+// An empty entry (L + R = 0) lets an element-less cache claim any block count and size: their
+// product (the slot count) overflowed int64 and came out 0, refusing a slot the cache has.
+TEST(ConcatAndCacheMla, SlotCountOfAHugeEmptyCacheDoesNotWrap) {
+  float none[1] = {0.0f};
+  const int64_t slots[1] = {5};
+  const TensorView cache =
+      TensorView::strided(none, DType::kF32, {int64_t{1} << 40, int64_t{1} << 40, 0}, {0, 0, 1});
+  EXPECT_NO_THROW(ops::concat_and_cache_mla(
+      TensorView::contiguous(none, DType::kF32, {1, 0}),
+      TensorView::contiguous(none, DType::kF32, {1, 0}), cache,
+      TensorView::contiguous(const_cast<int64_t*>(slots), DType::kI64, {1}), KvCacheDType::kAuto,
+      1.0f));
+}
+
 // ---- bad input ----------------------------------------------------------------------------------
 
 struct WriteArgs {

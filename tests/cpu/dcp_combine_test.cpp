@@ -197,6 +197,12 @@ TEST(DcpLseCombine, BadArgumentsThrow) {
       "partial_lse_tokens_heads must have dtype f32");
   MLAKIT_EXPECT_THROW_MSG(ops::dcp_lse_combine(partial, lse, rank_view(partial, 1), std::nullopt),
                           "out must not overlap partial_out");
+  // The LSEs inside out: the combine read LSEs it had already overwritten (status OK, wrong out).
+  Tensor shared = Tensor::zeros({3 * 4 * 8}, DType::kF32);
+  const TensorView lse_inside_out = shared.view().narrow(0, 64, 24).reshape({2, 3, 4});
+  MLAKIT_EXPECT_THROW_MSG(
+      ops::dcp_lse_combine(partial, lse_inside_out, shared.view().reshape({3, 4, 8}), std::nullopt),
+      "out must not overlap partial_lse_tokens_heads");
   Tensor corrected = Tensor::zeros({3, 2, 2, 8}, DType::kF32);
   MLAKIT_EXPECT_THROW_MSG(ops::dcp_lse_correct(out, lse, 2, corrected), "rank must be in [0, 2)");
   MLAKIT_EXPECT_THROW_MSG(

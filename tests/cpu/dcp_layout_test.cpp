@@ -74,6 +74,10 @@ TEST(DcpLayout, ConfigIsValidated) {
                           "rank must be in [0, world_size = 2)");
   MLAKIT_EXPECT_THROW_MSG((DcpConfig{.world_size = 2, .interleave = 0}.validate()),
                           "interleave must be >= 1");
+  // W * I wrapped in int64: local positions came out negative (block column < 0, read before
+  // the block table) or a remainder by 0.
+  MLAKIT_EXPECT_THROW_MSG((DcpConfig{.world_size = 3, .interleave = int64_t{1} << 62}.validate()),
+                          "world_size * interleave must fit in int64, got 3 * 4611686018427387904");
 }
 
 struct SlotCase {
@@ -151,6 +155,12 @@ TEST(DcpSlotMapping, BadIndicesThrow) {
   MLAKIT_EXPECT_THROW_MSG(run(2 * 16, 0), "block_table[0, 1] = -1");
   run(1, 5);  // rank 1's token: not this rank's, so its request is never looked up
   EXPECT_EQ(slots.data<int64_t>()[0], -1);
+  // block 3 x block_size 2^62 wrapped to a negative slot, which concat_and_cache_mla skips: the
+  // token was silently never cached.
+  MLAKIT_EXPECT_THROW_MSG(ops::dcp_slot_mapping(test::int_tensor({0}, {1}, DType::kI64),
+                                                test::int_tensor({0}, {1}, DType::kI32), table,
+                                                int64_t{1} << 62, dcp, slots),
+                          "block_table[0, 0] = 3 x block_size 4611686018427387904 overflows int64");
   MLAKIT_EXPECT_THROW_MSG(
       ops::dcp_slot_mapping(test::int_tensor({0}, {1}, DType::kI32),
                             test::int_tensor({0}, {1}, DType::kI32), table, 16, dcp, slots),

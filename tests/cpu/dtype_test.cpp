@@ -71,11 +71,32 @@ TEST(TensorView, NarrowTransposeReshape) {
   EXPECT_EQ(tr.size(0), 3);
   EXPECT_EQ(tr.stride(0), 5);
   MLAKIT_EXPECT_THROW_MSG(t.view().narrow(1, 2, 2), "out of range");
+  // start + length wrapped past int64 and passed: a view of 2^63 - 1 rows over 3.
+  MLAKIT_EXPECT_THROW_MSG(t.view().narrow(1, 1, std::numeric_limits<int64_t>::max()),
+                          "out of range for size 3");
+  MLAKIT_EXPECT_THROW_MSG(t.view().narrow(1, 4, 0), "out of range for size 3");
+  EXPECT_EQ(t.view().narrow(1, 3, 0).size(1), 0);
   MLAKIT_EXPECT_THROW_MSG(n.reshape({12}), "contiguous");
   EXPECT_EQ(t.view().reshape({12, 5}).size(0), 12);
 #ifndef MLAKIT_WITH_CUDA
   MLAKIT_EXPECT_THROW_MSG(Tensor::empty({2}, DType::kF32, Device::cuda()), "built without CUDA");
 #endif
+}
+
+TEST(Tensor, SizesPastInt64AreRefused) {
+  // 2^62 f32 elements: the byte count wrapped to 0, and Tensor::empty returned a view of 2^62
+  // elements with no storage (a null data pointer).
+  MLAKIT_EXPECT_THROW_MSG(Tensor::empty({int64_t{1} << 31, int64_t{1} << 31}, DType::kF32),
+                          "Tensor::empty: shape [2147483648, 2147483648] of f32 needs more than "
+                          "2^63 bytes");
+  // An element count past int64 (numel saturates).
+  MLAKIT_EXPECT_THROW_MSG(Tensor::empty({int64_t{1} << 40, int64_t{1} << 40}, DType::kU8),
+                          "needs more than 2^63 bytes");
+  // A view with no element may claim any sizes; its strides saturate instead of wrapping.
+  const TensorView empty = TensorView::contiguous(
+      nullptr, DType::kF32, {0, int64_t{1} << 40, int64_t{1} << 40, int64_t{1} << 40});
+  EXPECT_EQ(empty.numel(), 0);
+  EXPECT_EQ(empty.stride(0), std::numeric_limits<int64_t>::max());
 }
 
 }  // namespace

@@ -197,6 +197,23 @@ TEST(StepPlan, DeepSeekV3WorkspaceFitsTwoGiB) {
   EXPECT_LE(workspace_bytes(fp8), int64_t{2} << 30);
 }
 
+// Limits and dims valid one by one (each at most 2^31 - 1) whose products pass int64: the arena
+// that measures the workspace wrapped them and workspace_bytes returned a small wrong size
+// (1125867698336512 bytes for 2^31 - 1 tokens of 2^16 heads of 2^16 values; the first temporary
+// past int64 is the up-projection kv_up [tokens, N (P + V)]).
+TEST(StepPlan, WorkspaceSizesPastInt64AreRefused) {
+  MlaAttentionConfig c;
+  c.dims = MlaDims{int64_t{1} << 16, 64, 16, 32, int64_t{1} << 16};
+  c.scale = 0.3f;
+  c.act_dtype = DType::kF32;
+  c.max_num_batched_tokens = 2147483647;
+  expect_error([&] { (void)workspace_bytes(c); }, ErrorCode::kInvalidArgument,
+               "workspace_bytes: a step temporary of shape [2147483647, 4297064448] f32 takes "
+               "the workspace past 2^63 bytes");
+  expect_error([&] { Workspace workspace(c); }, ErrorCode::kInvalidArgument,
+               "takes the workspace past 2^63 bytes");
+}
+
 // Random engine limits and random steps within them, padded ones included: plan_step never runs
 // out of the workspace that workspace_bytes sized (index entries, chunks, decode splits included).
 void expect_random_steps_fit_the_worst_case_workspace(const MlaDims& dims) {

@@ -46,6 +46,12 @@ mlakit_mla_config_t attention_config(const Materialized& m) {
   if (m.has_scalar("workspace_tokens")) c.workspace_tokens = m.integer("workspace_tokens");
   if (m.has_scalar("max_model_len")) c.max_model_len = m.integer("max_model_len");
   if (m.has_scalar("max_num_seqs")) c.max_num_seqs = m.integer("max_num_seqs");
+  if (m.has_scalar("query_len_support")) {
+    const std::string support = m.text("query_len_support");
+    c.query_len_support = support == "single_only" ? MLAKIT_QUERY_LEN_SINGLE_ONLY
+                          : support == "uniform"   ? MLAKIT_QUERY_LEN_UNIFORM
+                                                   : MLAKIT_QUERY_LEN_VARLEN;
+  }
   if (m.has_scalar("device") && m.text("device") != "cpu") c.device = DLDevice{kDLCUDA, 0};
   return c;
 }

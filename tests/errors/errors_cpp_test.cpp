@@ -72,6 +72,12 @@ MlaAttentionConfig attention_config(const Materialized& m) {
   c.workspace_tokens = m.integer("workspace_tokens");
   c.max_model_len = m.integer("max_model_len");
   c.max_num_seqs = m.integer("max_num_seqs");
+  if (m.has_scalar("query_len_support")) {
+    const std::string support = m.text("query_len_support");
+    c.query_len_support = support == "single_only" ? QueryLenSupport::kSingleOnly
+                          : support == "uniform"   ? QueryLenSupport::kUniform
+                                                   : QueryLenSupport::kVarlen;
+  }
   c.device = device_of(m);
   return c;
 }
