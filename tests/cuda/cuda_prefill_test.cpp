@@ -482,6 +482,11 @@ TEST(CudaPrefill, SingleHead) {
   c.sq = {200};
   c.sk = {300};
   check_case(rng, c);
+  Case all_heads = c;  // heads_per_block past the heads: one block takes all three
+  all_heads.heads = 3;
+  all_heads.heads_per_block = std::numeric_limits<int>::max();
+  SCOPED_TRACE(describe(all_heads));
+  check_case(rng, all_heads);
 }
 
 TEST(CudaPrefill, FewerKeysThanQueriesLeavesEarlyQueriesEmpty) {

@@ -3,6 +3,7 @@
 // on the input type. No synchronization, no allocation.
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cmath>
 
 #include "core/check.hpp"
@@ -95,7 +96,9 @@ void mla_prefill(const TensorView& q, const TensorView& k_nope, const TensorView
   p.max_seqlen_q = max_seqlen_q;
   p.max_seqlen_k = max_seqlen_k;
   p.heads = static_cast<int>(heads);
-  p.heads_per_block = heads_per_block;  // 0: launch_prefill_kernel chooses
+  // 0: launch_prefill_kernel chooses; more than the heads is one block of all of them (and keeps
+  // the grid's head-group count from overflowing int).
+  p.heads_per_block = static_cast<int>(std::min<int64_t>(heads_per_block, heads));
   p.batch = static_cast<int>(batch);
   p.scale_log2 = scale * kLog2e;
   p.causal = causal;
