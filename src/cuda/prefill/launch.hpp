@@ -16,9 +16,9 @@ namespace mlakit::cuda {
 // cu_seqlens_q, cu_seqlens_k: i32 [B + 1] (device);  out: [T, N, 128] f32 / f16 / bf16
 // lse_heads_tokens: f32 [N, T] or absent
 // heads_per_block: 0 lets the launcher choose how many heads a block of the warp-specialized kernel
-// computes (launch_kernel.cuh, ws_heads_per_block); n >= 1 makes it n (a tuning and test knob: the
-// tests reach the multi-head path with shapes too small for the rule to pick it). The mma.sync
-// kernel always computes one.
+// computes (launch_kernel.cuh, ws_heads_per_block); n >= 1 makes it min(n, N) (a tuning and test
+// knob: the tests reach the multi-head path with shapes too small for the rule to pick it). The
+// mma.sync kernel always computes one.
 void mla_prefill(const TensorView& q, const TensorView& k_nope, const TensorView& k_pe,
                  const TensorView& v, const TensorView& cu_seqlens_q,
                  const TensorView& cu_seqlens_k, int64_t max_seqlen_q, int64_t max_seqlen_k,
