@@ -301,6 +301,16 @@ template <class T>
 inline T __ldg(const T* p) {
   return *p;
 }
+inline unsigned __float_as_uint(float f) {
+  unsigned u;
+  std::memcpy(&u, &f, sizeof(u));
+  return u;
+}
+inline float __uint_as_float(unsigned u) {
+  float f;
+  std::memcpy(&f, &u, sizeof(f));
+  return f;
+}
 inline int min(int a, int b) { return a < b ? a : b; }
 inline int max(int a, int b) { return a > b ? a : b; }
 
@@ -384,6 +394,10 @@ struct F16Mma {
   }
 };
 struct RawE4m3Mma : F16Mma {};
+template <class Rope>
+struct RawDsMlaMma : F16Mma {
+  using RopeMma = Rope;
+};
 inline uint32_t byte_perm(uint32_t v, uint32_t selector) {
   uint32_t r = 0;
   for (int i = 0; i < 4; ++i) {
@@ -445,6 +459,20 @@ void run_decode_format(const cuda::decode_sm90::LaunchPlan& plan) {
   if constexpr (kFormat == sm90::CacheFormat::kFp8E4m3) {
     if (plan.raw_e4m3) {
       run_decode_rows<kFormat, sm90::RawE4m3Mma>(plan);
+      return;
+    }
+  }
+  if constexpr (kFormat == sm90::CacheFormat::kFp8DsMla) {
+    if (plan.raw_ds_mla) {  // 16 rows only
+      if (plan.bf16_mma) {
+        run_grid(sm90::mla_decode_sm90_kernel<
+                     sm90::Config<16, kFormat, sm90::RawDsMlaMma<sm90::Bf16Mma>>>,
+                 plan.decode, plan.decode_ctas);
+      } else {
+        run_grid(sm90::mla_decode_sm90_kernel<
+                     sm90::Config<16, kFormat, sm90::RawDsMlaMma<sm90::F16Mma>>>,
+                 plan.decode, plan.decode_ctas);
+      }
       return;
     }
   }

@@ -74,6 +74,13 @@ struct Case {
   // q's dtype, else out's. The cache does not record it, so cache_dtype must be this one (an f16 q
   // over a bf16 rope would be read as an f16 rope, by every backend).
   DType ds_mla_rope_dtype() const { return is_float16(q_dtype) ? q_dtype : out_dtype; }
+  // The CUDA decode reads this case's fp8_ds_mla tiles raw (kernel_ds_mla.cuh; launch.cu's
+  // raw_ds_mla: 16 rows, a 16-bit q in 16-byte rows): the NoPE keys enter the math as the exact
+  // e4m3 x scale (the scales multiply f32 sums), not rounded to E.
+  bool raw_ds_mla() const {
+    return kv_dtype == KvCacheDType::kFp8DsMla && s_q * heads <= 16 && is_float16(q_dtype) &&
+           (kDim + q_pad) % 8 == 0;
+  }
   // E holds q and the keys exactly (no rounding on the way into the MMAs): q already in E (or
   // fp8, converted to f16 exactly), and no per-block scale.
   bool exact_inputs() const {
@@ -131,9 +138,11 @@ inline void write_entry(const Case& c, uint8_t* entry, const std::vector<float>&
           const int64_t k = t * kDsMlaTileSize + i;
           entry[k] = float_to_e4m3_bits(x[k] / tile_scale);
           exact.push_back(e4m3_value(entry[k]) * tile_scale);
-          // The kernel: f32 product, rounded to E.
+          // The kernel: f32 product, rounded to E (raw tiles: the exact product).
           kernel.push_back(
-              round_to_dtype(static_cast<float>(e4m3_value(entry[k])) * tile_scale, e));
+              c.raw_ds_mla()
+                  ? exact.back()
+                  : round_to_dtype(static_cast<float>(e4m3_value(entry[k])) * tile_scale, e));
         }
       }
       uint8_t* rope = entry + kDsMlaRopeOffset;

@@ -25,6 +25,7 @@
 
 #include "cuda/common/grid_dependency.cuh"
 #include "cuda/decode/sm90/kernel_common.cuh"
+#include "cuda/decode/sm90/kernel_ds_mla.cuh"
 #include "cuda/decode/sm90/kernel_e4m3.cuh"
 #include "cuda/decode/sm90/params.cuh"
 #include "cuda/decode/sm90/ptx.cuh"
@@ -198,13 +199,18 @@ __device__ __forceinline__ void decode_segment(const DecodeKernelParams& p, cons
   float l_run[2] = {0.0f, 0.0f};            // this thread's share of the running sum
 
   uint32_t q_frags[Cfg::kQInRegisters ? kDimQK / 16 : 1][4];
+  // Raw fp8_ds_mla tiles: the rows' q factors undone on the scores, and O's unit (the last tile's
+  // value-scale bound m; 0 before the first tile).
+  float q_row_unscale[2] = {1.0f, 1.0f};
+  float o_unit = 0.0f;
   int next_pages[Cfg::kLoadPasses] = {};  // page ids of the next tile to copy
   if (w.num_tiles > 0) {
     if constexpr (Cfg::kQInRegisters) {
       // q's loads go out before the tiles' copies, so its bytes do not queue behind the copies of
       // every CTA's first tiles (16 rows: the whole tile is one batch).
       static_assert(QTile<Cfg>::kBatch == QTile<Cfg>::kPerThread, "one batch holds q");
-      const bool fetched = Cfg::kRawE4m3 || q_fetchable(p);  // raw e4m3: the launcher checked
+      // raw tiles: the launcher checked that q is fetchable
+      const bool fetched = Cfg::kRawE4m3 || Cfg::kRawDsMla || q_fetchable(p);
       uint4 q_raw[QTile<Cfg>::kBatch];
       if (fetched) fetch_q_batch<Cfg>(p, w, 0, q_raw);
       start_copies<Cfg>(p, w, raw_stage, next_pages, bad);
@@ -213,10 +219,15 @@ __device__ __forceinline__ void decode_segment(const DecodeKernelParams& p, cons
       uint8_t* staging = Cfg::kConvert ? smem + Cfg::kConvOffset : raw_stage(Cfg::kStages - 1);
       if (fetched) {
         store_q_batch<Cfg>(p, 0, q_raw, staging);
-      } else if constexpr (!Cfg::kRawE4m3) {
+      } else if constexpr (!Cfg::kRawE4m3 && !Cfg::kRawDsMla) {
         load_q_tile_slow<Cfg>(p, w, staging);
       }
       __syncthreads();
+      if constexpr (Cfg::kRawDsMla) {  // NoPE dims to f16 x the row's factor, in raw order
+        prepare_ds_mla_q<Cfg>(p.q_dtype, staging, alpha_s);
+#pragma unroll
+        for (int h = 0; h < 2; ++h) q_row_unscale[h] = 1.0f / alpha_s[score_row[h]];
+      }
 #pragma unroll
       for (int ks = 0; ks < kDimQK / 16; ++ks) {
         ldmatrix_x4(q_frags[ks],
@@ -252,7 +263,11 @@ __device__ __forceinline__ void decode_segment(const DecodeKernelParams& p, cons
       for (int nt = 0; nt < Cfg::kScoreTiles; ++nt)
 #pragma unroll
         for (int e = 0; e < 4; ++e) acc[c][nt][e] = 0.0f;
-    if constexpr (Cfg::kRawE4m3) {
+    float4 key_scales[2];  // raw fp8_ds_mla: the scales of this thread's two score keys
+    if constexpr (Cfg::kRawDsMla) {
+      compute_scores_raw_ds_mla<Cfg>(q_frags, smem_addr(tile_data), key_group, acc);
+      load_score_key_scales<Cfg>(tile_data, key_group, tq, key_scales);
+    } else if constexpr (Cfg::kRawE4m3) {
       compute_scores_raw_e4m3<Cfg>(q_frags, smem_addr(smem + Cfg::kQOffset), smem_addr(tile_data),
                                    row_group, key_group, acc);
     } else {
@@ -269,8 +284,12 @@ __device__ __forceinline__ void decode_segment(const DecodeKernelParams& p, cons
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         float v = acc[0][nt][e];
+        if constexpr (Cfg::kRawDsMla) {
+          v = ds_mla_score<Cfg>(acc, key_scales, q_row_unscale[e >> 1], e);
+        } else {
 #pragma unroll
-        for (int c = 1; c < Cfg::kScoreChains; ++c) v += acc[c][nt][e];
+          for (int c = 1; c < Cfg::kScoreChains; ++c) v += acc[c][nt][e];
+        }
         const int pos = tile_start + key_group * Cfg::kKeysPerWarp + nt * 8 + 2 * tq + (e & 1);
         v = pos < row_end[e >> 1] ? v * score_scale_log2 : -INFINITY;
         s[nt][e] = v;
@@ -309,9 +328,17 @@ __device__ __forceinline__ void decode_segment(const DecodeKernelParams& p, cons
     __syncthreads();  // P and alpha are visible
 
     // values
+    uint32_t value_pairs[Cfg::kRawDsMla ? kBlockN / 16 : 1][2];
+    float unit_ratio = 1.0f;  // raw fp8_ds_mla: O from the previous tile's unit to this one's
+    if constexpr (Cfg::kRawDsMla) {
+      const float m = ds_mla_value_scales<Cfg>(tile_data, warp, value_pairs);
+      if (o_unit > 0.0f) unit_ratio = o_unit / m;
+      o_unit = m;
+    }
 #pragma unroll
     for (int mt = 0; mt < Cfg::kRowTiles; ++mt) {
-      const float a0 = alpha_s[mt * 16 + g], a1 = alpha_s[mt * 16 + g + 8];
+      const float a0 = alpha_s[mt * 16 + g] * unit_ratio,
+                  a1 = alpha_s[mt * 16 + g + 8] * unit_ratio;
 #pragma unroll
       for (int nt = 0; nt < Cfg::kColTiles; ++nt) {
         o[mt][nt][0] *= a0;
@@ -320,7 +347,10 @@ __device__ __forceinline__ void decode_segment(const DecodeKernelParams& p, cons
         o[mt][nt][3] *= a1;
       }
     }
-    if constexpr (Cfg::kRawE4m3) {
+    if constexpr (Cfg::kRawDsMla) {
+      accumulate_values_raw_ds_mla<Cfg>(smem_addr(p_tile), smem_addr(tile_data), warp, value_pairs,
+                                        o);
+    } else if constexpr (Cfg::kRawE4m3) {
       accumulate_values_raw_e4m3<Cfg>(smem_addr(p_tile), smem_addr(tile_data), warp, o);
     } else {
       accumulate_values<Cfg>(smem_addr(p_tile), smem_addr(tile_data), warp, o);
@@ -354,13 +384,15 @@ __device__ __forceinline__ void decode_segment(const DecodeKernelParams& p, cons
       if (sink.base == nullptr) continue;
       with_pair_store(sink.dtype, [&](auto store) {
         const int64_t slab = sink.offset + warp * Cfg::kColsPerWarp;
-        if constexpr (Cfg::kRawE4m3) {  // n8 tiles 2 c, 2 c + 1: even / odd columns
+        if constexpr (Cfg::kRawE4m3 || Cfg::kRawDsMla) {  // n8 tiles 2 c, 2 c + 1: even / odd
+          // raw fp8_ds_mla: O is in units of the last tile's value-scale bound
+          const float inv = Cfg::kRawDsMla && o_unit > 0.0f ? sink.inv * o_unit : sink.inv;
 #pragma unroll
           for (int c = 0; c < Cfg::kColTiles / 2; ++c) {
 #pragma unroll
             for (int i = 0; i < 2; ++i) {
-              store(sink.base, slab + value_pair_column(c, i, tq),
-                    o[mt][2 * c][2 * h + i] * sink.inv, o[mt][2 * c + 1][2 * h + i] * sink.inv);
+              store(sink.base, slab + value_pair_column(c, i, tq), o[mt][2 * c][2 * h + i] * inv,
+                    o[mt][2 * c + 1][2 * h + i] * inv);
             }
           }
         } else {

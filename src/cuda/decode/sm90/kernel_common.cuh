@@ -286,6 +286,10 @@ __device__ __forceinline__ void store_q_batch(const DecodeKernelParams& p, int f
   for (int i = 0; i < Q::kBatch; ++i) {
     const int u = static_cast<int>(threadIdx.x) + (first + i) * kThreads;
     if (first + i >= Q::kPerThread || u >= Q::kUnits) continue;
+    if constexpr (Cfg::kRawDsMla) {  // as fetched: prepare_ds_mla_q converts in place
+      *reinterpret_cast<uint4*>(dst + Cfg::operand_offset(u / Q::kChunks, u % Q::kChunks)) = raw[i];
+      continue;
+    }
     if constexpr (Cfg::kRawE4m3) {
       const int row = u / Q::kChunks, group = u % Q::kChunks;
       uint4 lo, hi;

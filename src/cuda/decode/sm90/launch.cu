@@ -227,6 +227,19 @@ void launch_for_format(const LaunchPlan& plan, cudaStream_t stream) {
       return;
     }
   }
+  if constexpr (kFormat == CacheFormat::kFp8DsMla) {
+    if (plan.raw_ds_mla) {  // 16 rows only (plan_launch)
+      const dim3 grid(static_cast<unsigned>(plan.decode_ctas));
+      if (plan.bf16_mma) {
+        launch_decode_kernel<Config<kDecodeRowsSmall, kFormat, RawDsMlaMma<Bf16Mma>>>(plan.decode,
+                                                                                      grid, stream);
+      } else {
+        launch_decode_kernel<Config<kDecodeRowsSmall, kFormat, RawDsMlaMma<F16Mma>>>(plan.decode,
+                                                                                     grid, stream);
+      }
+      return;
+    }
+  }
   if (plan.bf16_mma) {
     launch_for_rows<kFormat, Bf16Mma>(plan, stream);
   } else {
@@ -266,6 +279,11 @@ LaunchPlan plan_launch(const DecodeProblem& problem, const DecodeSchedule& sched
     case KvCacheDType::kFp8DsMla:
       plan.format = CacheFormat::kFp8DsMla;
       plan.bf16_mma = problem.rope_dtype == DType::kBF16;
+      // A 16-bit q in 16-byte rows with 16 rows per CTA: the raw tiles are read in place
+      // (kernel_ds_mla.cuh); an f32 or fp8 q, or 64 rows, take the converted tiles.
+      plan.raw_ds_mla =
+          plan.rows_per_cta == kDecodeRowsSmall && plan.decode.q_rows_16b_aligned &&
+          (plan.decode.q_dtype == RuntimeDType::kBF16 || plan.decode.q_dtype == RuntimeDType::kF16);
       break;
   }
   if (sizes.bounds.max_split_requests > 0) {

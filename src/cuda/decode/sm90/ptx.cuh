@@ -137,6 +137,14 @@ struct F16Mma {
 // plus two f16 MMAs.)
 struct RawE4m3Mma : F16Mma {};
 
+// f16 MMAs fed straight from raw fp8_ds_mla tiles (kernel_ds_mla.cuh) for a 16-bit q: the NoPE
+// scores as four per-scale-group chains over raw e4m3 K (scaled in f32 after the MMAs), the rope
+// chain in the rope dtype `Rope` (Bf16Mma or F16Mma), P V over raw e4m3 V with P scaled per key.
+template <class Rope>
+struct RawDsMlaMma : F16Mma {
+  using RopeMma = Rope;
+};
+
 }  // namespace mlakit::cuda::decode_sm90
 
 #endif  // MLAKIT_CUDA_DECODE_SM90_PTX_CUH

@@ -12,6 +12,12 @@
 namespace mlakit::cuda::decode_sm90 {
 
 struct RawE4m3Mma;  // ptx.cuh: f16 MMAs over raw fp8_e4m3 tiles (an fp8 q)
+template <class Rope>
+struct RawDsMlaMma;  // ptx.cuh: f16 MMAs over raw fp8_ds_mla tiles (a 16-bit q, 16 rows)
+template <class E>
+inline constexpr bool kIsRawDsMla = false;
+template <class Rope>
+inline constexpr bool kIsRawDsMla<RawDsMlaMma<Rope>> = true;
 
 inline constexpr int kDimQK = 576;  // L + R = 512 + 64: the q / K width (the only one supported)
 inline constexpr int kDimV = 512;   // L: the V width (V = K[:, 0:512])
@@ -85,7 +91,10 @@ struct Config : TileCopy<kFormat_> {
   // An fp8 q over an fp8_e4m3 cache (kernel_e4m3.cuh): the raw tile is read in place and each warp
   // converts the K and V fragments it loads in registers; no tile is converted in shared memory.
   static constexpr bool kRawE4m3 = std::is_same_v<Element, RawE4m3Mma>;
-  static constexpr bool kConvert = Copy::kConvert && !kRawE4m3;  // a conversion pass per tile
+  // A 16-bit q over an fp8_ds_mla cache with 16 rows (kernel_ds_mla.cuh): the raw tile read in
+  // place likewise, its scales applied to the scores and to P.
+  static constexpr bool kRawDsMla = kIsRawDsMla<Element>;
+  static constexpr bool kConvert = Copy::kConvert && !kRawE4m3 && !kRawDsMla;  // a pass per tile
   // With 16 rows every warp needs all of q for its scores; holding q's 36 A fragments in registers
   // (144 per thread) saves re-reading 18 KiB of shared memory per warp per tile. With 64 rows the
   // O accumulator takes 128 registers per thread and q stays in shared memory.
@@ -99,7 +108,8 @@ struct Config : TileCopy<kFormat_> {
   // One n8 tile is a chain of 36 dependent MMAs; two accumulators (even / odd k) halve its latency.
   // Raw e4m3 tiles put a conversion before each MMA of the chain: four accumulators (k step mod 4)
   // keep four chains in flight.
-  static constexpr int kScoreChains = kScoreTiles > 1 ? 1 : kRawE4m3 ? 4 : 2;
+  // Raw fp8_ds_mla tiles: one chain per 128-dim scale group (scaled after the MMAs) and the rope's.
+  static constexpr int kScoreChains = kScoreTiles > 1 ? 1 : kRawDsMla ? 5 : kRawE4m3 ? 4 : 2;
 
   // ---- O += P V: warp w owns columns [64 w, 64 w + 64) of all kBlockM rows, so V is read once.
   static constexpr int kColsPerWarp = kDimV / kWarps;  // 64
@@ -143,6 +153,8 @@ struct Config : TileCopy<kFormat_> {
   static_assert(kConvert || !kQInRegisters || kBlockM * kRowBytes <= kRawTileBytes,
                 "q is staged in the last ring stage before it moves to registers");
   static_assert(!kRawE4m3 || kFormat == CacheFormat::kFp8E4m3, "raw e4m3 tiles are fp8_e4m3");
+  static_assert(!kRawDsMla || (kFormat == CacheFormat::kFp8DsMla && kBlockM == 16),
+                "raw fp8_ds_mla tiles: 16 rows (q in registers)");
   static_assert(kSmemBytes <= kSmemLimit, "shared-memory plan exceeds 227 KiB");
 
   // Byte offset of 16-byte chunk `chunk` of row `row` in a q or 16-bit K tile (ldmatrix operands).
@@ -153,7 +165,7 @@ struct Config : TileCopy<kFormat_> {
   // operand, raw e4m3 tiles are read in place with their own swizzle, converted stages are plain
   // rows that only the conversion reads.
   __host__ __device__ static constexpr uint32_t raw_offset(int key, int chunk) {
-    if constexpr (kConvert) {
+    if constexpr (kConvert || kRawDsMla) {  // 656-byte rows: 8 consecutive keys hit 8 bank groups
       return static_cast<uint32_t>(key * kRawEntry + chunk * 16);
     } else if constexpr (kRawE4m3) {
       return e4m3_swizzled(key, chunk);
