@@ -17,6 +17,7 @@
 #include <gtest/gtest.h>
 #include <ucontext.h>
 
+#include <bit>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -301,16 +302,8 @@ template <class T>
 inline T __ldg(const T* p) {
   return *p;
 }
-inline unsigned __float_as_uint(float f) {
-  unsigned u;
-  std::memcpy(&u, &f, sizeof(u));
-  return u;
-}
-inline float __uint_as_float(unsigned u) {
-  float f;
-  std::memcpy(&f, &u, sizeof(f));
-  return f;
-}
+inline unsigned __float_as_uint(float f) { return std::bit_cast<unsigned>(f); }
+inline float __uint_as_float(unsigned u) { return std::bit_cast<float>(u); }
 inline int min(int a, int b) { return a < b ? a : b; }
 inline int max(int a, int b) { return a > b ? a : b; }
 

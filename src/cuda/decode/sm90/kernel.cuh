@@ -351,7 +351,8 @@ __device__ __forceinline__ void decode_segment(const DecodeKernelParams& p, cons
       accumulate_values_raw_ds_mla<Cfg>(smem_addr(p_tile), smem_addr(tile_data), warp, value_pairs,
                                         o);
     } else if constexpr (Cfg::kRawE4m3) {
-      accumulate_values_raw_e4m3<Cfg>(smem_addr(p_tile), smem_addr(tile_data), warp, o);
+      accumulate_values_raw_e4m3<Cfg>(smem_addr(p_tile), smem_addr(tile_data), warp, o,
+                                      [](int, uint32_t(&)[Cfg::kRowTiles][4]) {});
     } else {
       accumulate_values<Cfg>(smem_addr(p_tile), smem_addr(tile_data), warp, o);
     }

@@ -121,19 +121,9 @@ __device__ __forceinline__ void compute_scores_raw_ds_mla(
   using Rope = typename Cfg::Element::RopeMma;
   const int lane = threadIdx.x & 31;
   const int key = key_group * Cfg::kKeysPerWarp + (lane & 7);
-  // NoPE: ldmatrix.x4 gives chunks 4 kp + 0..3 (16 e4m3 dims each) of the same 8 keys; group
-  // kp / 2 (8 chunks = 128 dims per scale).
-#pragma unroll
-  for (int kp = 0; kp < 8; ++kp) {
-    uint32_t v[4];
-    ldmatrix_x4(v, k_base + Cfg::raw_offset(key, 4 * kp + (lane >> 3)));
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      uint32_t b0, b1;
-      e4m3_key_pairs(v[i], b0, b1);
-      F16Mma::mma(acc[kp / 2][0], q_frags[4 * kp + i], b0, b1);
-    }
-  }
+  // NoPE: chunks 0-31, 8 per 128-dim scale group, so chunk 4 kp + i is in group kp / 2.
+  raw_e4m3_key_steps<8, Cfg>(
+      q_frags, k_base, key, [](int kp, int) { return kp / 2; }, acc);
   // Rope: ldmatrix.x4 of 4 chunks of 8 16-bit values gives the B fragments of two k16 steps.
 #pragma unroll
   for (int j = 0; j < 2; ++j) {
@@ -219,39 +209,19 @@ __device__ __forceinline__ uint32_t mul_f16x2(uint32_t a, uint32_t b) {
 }
 
 // o[0][n8 tile][4] += (P x scale / m) (16 x 64, shared, f16) x raw e4m3 V columns [64 warp, 64
-// warp + 64). The fragment order is accumulate_values_raw_e4m3's (value_pair_column).
+// warp + 64): the raw e4m3 values with P's A fragments scaled per key (value_pair_column order).
 template <class Cfg>
 __device__ __forceinline__ void accumulate_values_raw_ds_mla(
     uint32_t p_base, uint32_t v_base, int warp, const uint32_t (&pairs)[kBlockN / 16][2],
     float (&o)[Cfg::kRowTiles][Cfg::kColTiles][4]) {
-  static_assert(Cfg::kRawDsMla && Cfg::kColTiles == 8 && Cfg::kRowTiles == 1, "16 rows");
-  const int lane = threadIdx.x & 31;
-  constexpr int kChunks = Cfg::kColsPerWarp / 16;
-#pragma unroll
-  for (int ks = 0; ks < kBlockN / 16; ++ks) {
-    uint32_t a[Cfg::kRowTiles][4];
-    load_p_fragments<Cfg>(p_base, ks, a);
+  static_assert(Cfg::kRawDsMla && Cfg::kRowTiles == 1, "16 rows");
+  accumulate_values_raw_e4m3<Cfg>(p_base, v_base, warp, o, [&](int ks, uint32_t(&a)[1][4]) {
     // a0 / a1: rows g / g + 8 of keys (2 tq, + 1); a2 / a3: of keys (2 tq + 8, + 9)
     a[0][0] = mul_f16x2(a[0][0], pairs[ks][0]);
     a[0][1] = mul_f16x2(a[0][1], pairs[ks][0]);
     a[0][2] = mul_f16x2(a[0][2], pairs[ks][1]);
     a[0][3] = mul_f16x2(a[0][3], pairs[ks][1]);
-    const int key = ks * 16 + (((lane >> 3) & 1) << 3) + (lane & 7);
-#pragma unroll
-    for (int cp = 0; cp < kChunks / 2; ++cp) {
-      uint32_t v[4];
-      ldmatrix_x4_trans(v, v_base + Cfg::raw_offset(key, warp * kChunks + 2 * cp + (lane >> 4)));
-#pragma unroll
-      for (int half = 0; half < 2; ++half) {
-        const int c = 2 * cp + half;
-        uint32_t even0, odd0, even1, odd1;
-        e4m3_value_pairs(v[2 * half], even0, odd0);
-        e4m3_value_pairs(v[2 * half + 1], even1, odd1);
-        F16Mma::mma(o[0][2 * c], a[0], even0, even1);
-        F16Mma::mma(o[0][2 * c + 1], a[0], odd0, odd1);
-      }
-    }
-  }
+  });
 }
 
 }  // namespace mlakit::cuda::decode_sm90

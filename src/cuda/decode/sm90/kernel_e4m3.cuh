@@ -30,6 +30,27 @@ __device__ __forceinline__ void e4m3_key_pairs(uint32_t v, uint32_t& b0, uint32_
   b1 = e4m3x2_to_f16x2(v, true);
 }
 
+// With q's A fragments in registers (16 rows): raw chunks [0, 4 kSteps) of the 8 keys at `key`
+// (16 e4m3 dims each, one k16 step) against q's fragments of the same steps, step 4 kp + i into
+// acc[chain(kp, i)][0]. ldmatrix.x4 gives chunks 4 kp + 0..3 of the same 8 keys.
+template <int kSteps, class Cfg, class QFrags, class Chain>
+__device__ __forceinline__ void raw_e4m3_key_steps(
+    const QFrags& q_frags, uint32_t k_base, int key, const Chain& chain,
+    float (&acc)[Cfg::kScoreChains][Cfg::kScoreTiles][4]) {
+  const int lane = threadIdx.x & 31;
+#pragma unroll
+  for (int kp = 0; kp < kSteps; ++kp) {
+    uint32_t v[4];
+    ldmatrix_x4(v, k_base + Cfg::raw_offset(key, 4 * kp + (lane >> 3)));
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      uint32_t b0, b1;
+      e4m3_key_pairs(v[i], b0, b1);
+      F16Mma::mma(acc[chain(kp, i)][0], q_frags[4 * kp + i], b0, b1);
+    }
+  }
+}
+
 // acc[chain][n8 tile][4] += q rows of this warp's row group x keys of its key group: q in f16 in
 // raw_e4m3_dim_order (A fragments in registers for 16 rows, else shared memory at q_base), K raw.
 template <class Cfg, class QFrags>
@@ -40,19 +61,10 @@ __device__ __forceinline__ void compute_scores_raw_e4m3(
   using Elem = typename Cfg::Element;
   const int lane = threadIdx.x & 31;
   if constexpr (Cfg::kQInRegisters) {
-    // One n8 tile: ldmatrix.x4 gives chunks 4 kp + 0..3 of the same 8 keys (one k16 step each).
-    const int key = key_group * Cfg::kKeysPerWarp + (lane & 7);
-#pragma unroll
-    for (int kp = 0; kp < kDimQK / 64; ++kp) {
-      uint32_t v[4];
-      ldmatrix_x4(v, k_base + Cfg::raw_offset(key, 4 * kp + (lane >> 3)));
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        uint32_t b0, b1;
-        e4m3_key_pairs(v[i], b0, b1);
-        Elem::mma(acc[i % Cfg::kScoreChains][0], q_frags[4 * kp + i], b0, b1);
-      }
-    }
+    // One n8 tile, all 36 chunks; step 4 kp + i in chain i (a conversion precedes each MMA).
+    raw_e4m3_key_steps<kDimQK / 64, Cfg>(
+        q_frags, k_base, key_group * Cfg::kKeysPerWarp + (lane & 7),
+        [](int, int i) { return i % Cfg::kScoreChains; }, acc);
   } else {
     // A from shared memory; ldmatrix.x4 gives chunk ks of 4 x 8 keys (the warp's 4 n8 tiles).
     static_assert(Cfg::kScoreTiles == 4, "one x4 load covers the warp's 32 keys");
@@ -84,10 +96,14 @@ __device__ __forceinline__ void e4m3_value_pairs(uint32_t v, uint32_t& even, uin
 
 // o[m16 tile][n8 tile][4] += P (kBlockM x 64, shared, f16) x V columns [64 warp, 64 warp + 64) of
 // the raw e4m3 tile at v_base. n8 tile 2 c + e holds columns 16 c + 2 j + e (j < 8) of the slab.
-template <class Cfg>
+// scale_p(ks, a) may rewrite P's A fragments of k16 step ks first (raw fp8_ds_mla: the keys'
+// value scales, kernel_ds_mla.cuh).
+template <class Cfg, class ScaleP>
 __device__ __forceinline__ void accumulate_values_raw_e4m3(
-    uint32_t p_base, uint32_t v_base, int warp, float (&o)[Cfg::kRowTiles][Cfg::kColTiles][4]) {
-  static_assert(Cfg::kRawE4m3 && Cfg::kColTiles == 8, "4 chunks of 16 e4m3 columns per warp");
+    uint32_t p_base, uint32_t v_base, int warp, float (&o)[Cfg::kRowTiles][Cfg::kColTiles][4],
+    const ScaleP& scale_p) {
+  static_assert((Cfg::kRawE4m3 || Cfg::kRawDsMla) && Cfg::kColTiles == 8,
+                "4 chunks of 16 e4m3 columns per warp");
   using Elem = typename Cfg::Element;
   const int lane = threadIdx.x & 31;
   constexpr int kChunks = Cfg::kColsPerWarp / 16;  // 16-column chunks of the warp's slab
@@ -95,6 +111,7 @@ __device__ __forceinline__ void accumulate_values_raw_e4m3(
   for (int ks = 0; ks < kBlockN / 16; ++ks) {
     uint32_t a[Cfg::kRowTiles][4];
     load_p_fragments<Cfg>(p_base, ks, a);
+    scale_p(ks, a);
     // Transposed loads: matrices = keys +0 / +8 of chunk c, then keys +0 / +8 of chunk c + 1.
     const int key = ks * 16 + (((lane >> 3) & 1) << 3) + (lane & 7);
 #pragma unroll

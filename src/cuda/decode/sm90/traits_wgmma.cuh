@@ -44,7 +44,7 @@ struct WgmmaConfig {
   static constexpr int kWarpgroups = kThreads / kWarpgroupThreads;  // 2 MMA warpgroups
   // O += P V: warpgroup g owns V columns [256 g, 256 g + 256) (wgmma m64n256k16, the widest N).
   static constexpr int kColsPerWarpgroup = kDimV / kWarpgroups;
-  static constexpr bool kRawE4m3 = false;  // q tile of 16-bit units, dims in order
+  static constexpr bool kRawE4m3 = false;   // q tile of 16-bit units, dims in order
   static constexpr bool kRawDsMla = false;  // (the 16-row raw fp8_ds_mla path is mma.sync only)
   static constexpr CacheFormat kFormat = kFormat_;
   // fp8 caches: TMA lands a tile's raw e4m3 bytes in the upper part of its stage, and a third
