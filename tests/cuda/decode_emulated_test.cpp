@@ -565,10 +565,10 @@ Outputs run_emulated(const Case& c, const HostInputs& in, const Sched& sched,
   return o;
 }
 
-void check_case(const Case& c, uint64_t stream, const std::vector<Sched>& schedules) {
+// The emulated decode of `in` under each schedule against the oracle (out, lse, cosine to the exact
+// values) and the outputs' pads.
+void check_inputs(const Case& c, const HostInputs& in, const std::vector<Sched>& schedules) {
   SCOPED_TRACE(c.name());
-  auto rng = test::make_rng(stream);
-  const HostInputs in = make_inputs(c, rng);
   const Expected kernel_ref = reference(c, in.q_kernel, in.k_kernel);
   const Expected exact_ref = c.exact_inputs() ? kernel_ref : reference(c, in.q_exact, in.k_exact);
   for (const Sched& s : schedules) {
@@ -586,6 +586,11 @@ void check_case(const Case& c, uint64_t stream, const std::vector<Sched>& schedu
       }
     }
   }
+}
+
+void check_case(const Case& c, uint64_t stream, const std::vector<Sched>& schedules) {
+  auto rng = test::make_rng(stream);
+  check_inputs(c, make_inputs(c, rng), schedules);
 }
 
 // Balanced schedules over `parts` parts, and batch-invariant ones over the first of them.
@@ -872,6 +877,37 @@ TEST(MlaDecodeEmulated, DsMlaCache) {
   f16.s_q = 2;
   f16.seq_lens = {130};
   check_case(f16, 501, balanced({1}));
+}
+
+// Raw fp8_ds_mla tiles (16 rows, a 16-bit q): a bf16 q past f16's range (|q| up to ~1e5, the
+// rows' power-of-two factors bring it into f16), rows of very different magnitudes (one row 2^-20
+// of the others), and keys whose tile scales differ by up to 2^8 from token to token (the
+// value-scale bound m changes from tile to tile), against the oracle.
+TEST(MlaDecodeEmulated, RawDsMlaRangesOfQAndScales) {
+  for (DType dtype : {DType::kBF16, DType::kF16}) {
+    Case c;
+    c.kv_dtype = KvCacheDType::kFp8DsMla;
+    c.q_dtype = c.cache_dtype = c.out_dtype = dtype;
+    c.seq_lens = {150, 70};
+    ASSERT_TRUE(c.raw_ds_mla());
+    auto rng = test::make_rng(dtype == DType::kBF16 ? 1400 : 1401);
+    std::vector<RequestValues> requests;
+    for (int32_t len : c.seq_lens) requests.push_back(random_request(c, len, rng));
+    for (RequestValues& r : requests) {
+      for (int64_t row = 0; row < c.s_q * c.heads; ++row) {
+        // bf16: rows up to 3e4 x N(0, 1); f16 must stay in its range: 30 at most
+        const float magnitude = row == 1                ? std::ldexp(1.0f, -40)
+                                : dtype == DType::kBF16 ? 3e4f
+                                                        : 30.0f;
+        for (int64_t i = 0; i < kDim; ++i) r.q[row * kDim + i] *= i < kRank ? magnitude : 1.0f;
+      }
+      for (int32_t s = 0; s < r.seq_len; ++s) {
+        const float spread = std::ldexp(1.0f, (s * 7) % 9 - 4);  // 2^-4 .. 2^4
+        for (int64_t i = 0; i < kRank; ++i) r.keys[s * kDim + i] *= spread;
+      }
+    }
+    check_inputs(c, batch_inputs(c, requests, rng), balanced({1, 3}));
+  }
 }
 
 // A NaN cache value (e4m3 0xff) makes every row that sees it NaN (out and lse); the other requests
