@@ -57,6 +57,15 @@ TEST(DcpCuda, SlotMappingMatchesTheCpu) {
                         gpu);
   EXPECT_EQ(to_host(gpu).data<int64_t>()[0], -1);
   MLAKIT_EXPECT_THROW_MSG(ops::check_device_errors(Device::cuda(0)), "dcp_slot_mapping");
+  // A block id whose slot wraps int64 (block 2^31 - 1 of 2^33-slot pages): slot -1 and the error
+  // word, not a negative slot that would skip the token.
+  const int64_t huge_block_size = int64_t{1} << 33;
+  ops::dcp_slot_mapping(to_device(test::int_tensor({0}, {1}, DType::kI64)),
+                        to_device(test::int_tensor({0}, {1}, DType::kI32)),
+                        to_device(test::int_tensor({INT32_MAX}, {1, 1}, DType::kI32)),
+                        huge_block_size, DcpConfig{}, gpu);
+  EXPECT_EQ(to_host(gpu).data<int64_t>()[0], -1);
+  MLAKIT_EXPECT_THROW_MSG(ops::check_device_errors(Device::cuda(0)), "overflows int64");
 }
 
 // Partials of W ranks with some (rank, token) pairs empty: NaN output behind lse -inf.

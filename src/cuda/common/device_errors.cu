@@ -66,7 +66,8 @@ constexpr BitMessage kMessages[] = {
      "skipped)"},
     {kDcpSlotBadIndex,
      "dcp_slot_mapping: a token_to_req value was not a block_table row, or its local position "
-     "needed a block column beyond the table or a negative block id (that token got slot -1)"},
+     "needed a block column beyond the table, a negative block id or one whose slot overflows "
+     "int64 (that token got slot -1)"},
     {kConcatBadScale,
      "concat_and_cache_mla: the scale tensor held a value that is not finite and > 0 (the "
      "fp8_e4m3 entries of that call were written as NaN codes)"},

@@ -1,6 +1,8 @@
 // dcp_slot_mapping on the GPU: one thread per token (spec A.3, F-16; placement in mlakit/dcp.hpp).
 #include <cuda_runtime.h>
 
+#include <cstdint>
+
 #include "cuda/common/device_errors.cuh"
 #include "cuda/common/runtime.hpp"
 #include "cuda/dcp/launch.hpp"
@@ -37,7 +39,10 @@ __global__ void __launch_bounds__(kThreads)
       const bool row_ok = r >= 0 && r < p.requests && column < p.width;
       const int64_t block =
           row_ok ? p.block_table[r * p.table_stride[0] + column * p.table_stride[1]] : -1;
-      if (block >= 0) {
+      // A block id whose slot block * block_size + offset would wrap int64 is a bad index too
+      // (the CPU path refuses it the same way): a wrapped negative slot would skip the token.
+      const int64_t last_block = (INT64_MAX - (p.block_size - 1)) / p.block_size;
+      if (block >= 0 && block <= last_block) {
         slot = block * p.block_size + local % p.block_size;
       } else {
         raise_device_error(p.error_word, kDcpSlotBadIndex);
