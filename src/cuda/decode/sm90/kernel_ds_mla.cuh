@@ -121,10 +121,8 @@ __device__ __forceinline__ void compute_scores_raw_ds_mla(
   using Rope = typename Cfg::Element::RopeMma;
   const int lane = threadIdx.x & 31;
   const int key = key_group * Cfg::kKeysPerWarp + (lane & 7);
-  // NoPE: chunks 0-31, 8 per 128-dim scale group, so chunk 4 kp + i is in group kp / 2.
-  raw_e4m3_key_steps<8, Cfg>(
-      q_frags, k_base, key, [](int kp, int) { return kp / 2; }, acc);
-  // Rope: ldmatrix.x4 of 4 chunks of 8 16-bit values gives the B fragments of two k16 steps.
+  // Rope first: its chain of 4 MMAs overlaps the NoPE chains that follow.
+  // ldmatrix.x4 of 4 chunks of 8 16-bit values gives the B fragments of two k16 steps.
 #pragma unroll
   for (int j = 0; j < 2; ++j) {
     uint32_t b[4];
@@ -132,6 +130,11 @@ __device__ __forceinline__ void compute_scores_raw_ds_mla(
     Rope::mma(acc[kDsMlaGroups][0], q_frags[32 + 2 * j], b[0], b[1]);
     Rope::mma(acc[kDsMlaGroups][0], q_frags[33 + 2 * j], b[2], b[3]);
   }
+  // NoPE: chunks 0-31, 8 per 128-dim scale group, so chunk 4 kp + i is in group kp / 2; one kp of
+  // each group per round, so that consecutive MMAs feed the four group chains in turn (in kp order
+  // a group's 8 MMAs ran back to back, each waiting for the one before).
+  raw_e4m3_key_steps<8, kDsMlaGroups, Cfg>(
+      q_frags, k_base, key, [](int kp, int) { return kp / 2; }, acc);
 }
 
 // Raw score e of this thread's n8 tile: sum_g acc_g x scale_g[key] x q_unscale + acc_rope, for

@@ -32,21 +32,33 @@ __device__ __forceinline__ void e4m3_key_pairs(uint32_t v, uint32_t& b0, uint32_
 
 // With q's A fragments in registers (16 rows): raw chunks [0, 4 kSteps) of the 8 keys at `key`
 // (16 e4m3 dims each, one k16 step) against q's fragments of the same steps, step 4 kp + i into
-// acc[chain(kp, i)][0]. ldmatrix.x4 gives chunks 4 kp + 0..3 of the same 8 keys.
-template <int kSteps, class Cfg, class QFrags, class Chain>
+// acc[chain(kp, i)][0]. ldmatrix.x4 gives chunks 4 kp + 0..3 of the same 8 keys. The steps run in
+// kSteps / kStrides rounds; round r loads kp = r + l kSteps / kStrides for l < kStrides and issues
+// their MMAs interleaved (i outer, l inner), so that when a chain is one stride of kp (fp8_ds_mla's
+// scale groups), consecutive MMAs still feed different chains (kStrides 1: kp in order).
+template <int kSteps, int kStrides, class Cfg, class QFrags, class Chain>
 __device__ __forceinline__ void raw_e4m3_key_steps(
     const QFrags& q_frags, uint32_t k_base, int key, const Chain& chain,
     float (&acc)[Cfg::kScoreChains][Cfg::kScoreTiles][4]) {
+  static_assert(kSteps % kStrides == 0, "whole rounds");
+  constexpr int kRounds = kSteps / kStrides;
   const int lane = threadIdx.x & 31;
 #pragma unroll
-  for (int kp = 0; kp < kSteps; ++kp) {
-    uint32_t v[4];
-    ldmatrix_x4(v, k_base + Cfg::raw_offset(key, 4 * kp + (lane >> 3)));
+  for (int r = 0; r < kRounds; ++r) {
+    uint32_t v[kStrides][4];
+#pragma unroll
+    for (int l = 0; l < kStrides; ++l) {
+      ldmatrix_x4(v[l], k_base + Cfg::raw_offset(key, 4 * (r + l * kRounds) + (lane >> 3)));
+    }
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
-      uint32_t b0, b1;
-      e4m3_key_pairs(v[i], b0, b1);
-      F16Mma::mma(acc[chain(kp, i)][0], q_frags[4 * kp + i], b0, b1);
+#pragma unroll
+      for (int l = 0; l < kStrides; ++l) {
+        const int kp = r + l * kRounds;
+        uint32_t b0, b1;
+        e4m3_key_pairs(v[l][i], b0, b1);
+        F16Mma::mma(acc[chain(kp, i)][0], q_frags[4 * kp + i], b0, b1);
+      }
     }
   }
 }
@@ -62,7 +74,7 @@ __device__ __forceinline__ void compute_scores_raw_e4m3(
   const int lane = threadIdx.x & 31;
   if constexpr (Cfg::kQInRegisters) {
     // One n8 tile, all 36 chunks; step 4 kp + i in chain i (a conversion precedes each MMA).
-    raw_e4m3_key_steps<kDimQK / 64, Cfg>(
+    raw_e4m3_key_steps<kDimQK / 64, 1, Cfg>(
         q_frags, k_base, key_group * Cfg::kKeysPerWarp + (lane & 7),
         [](int, int i) { return i % Cfg::kScoreChains; }, acc);
   } else {
