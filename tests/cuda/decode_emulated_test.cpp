@@ -880,8 +880,8 @@ TEST(MlaDecodeEmulated, DsMlaCache) {
 }
 
 // Raw fp8_ds_mla tiles (16 rows, a 16-bit q): a bf16 q past f16's range (|q| up to ~1e5, the
-// rows' power-of-two factors bring it into f16), rows of very different magnitudes (one row 2^-20
-// of the others), and keys whose tile scales differ by up to 2^8 from token to token (the
+// rows' power-of-two factors bring it into f16), rows of very different magnitudes (one row's NoPE
+// dims scaled by 2^-40), and keys whose tile scales differ by up to 2^8 from token to token (the
 // value-scale bound m changes from tile to tile), against the oracle.
 TEST(MlaDecodeEmulated, RawDsMlaRangesOfQAndScales) {
   for (DType dtype : {DType::kBF16, DType::kF16}) {
