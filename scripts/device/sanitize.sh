@@ -48,7 +48,7 @@ declare -A FILTERS=(
   # tiles by TMA and by threads, strided outputs, bad device indices, empty requests, errors.
   # The plan kernel runs in every one of them; the planned-ahead case adds the plan written once
   # for several decodes.
-  [decode_cuda_test]="MlaDecodeCuda.StridedQueryOutputAndLse:MlaDecodeCuda.EmptyRequestsNeverTouchTheTable:MlaDecodeCuda.BadDeviceIndicesGiveNanRows:MlaDecodeCuda.SixtyFourRowTilesOverSixteenBitCaches:MlaDecodeCuda.SixtyFourRowTilesOverEveryPageShape:MlaDecodeCuda.SixtyFourRowTilesOverFp8E4m3Caches:MlaDecodeCuda.SixtyFourRowTilesOverFp8DsMlaCaches:MlaDecodeCuda.NanDsMlaTileScalesPropagate:MlaDecodeCuda.QTilesByTmaAndByThreads:MlaDecodeCuda.NanCacheValuesPropagate:MlaDecodeCuda.ManyHeads:MlaDecodeCuda.CacheFormatsScalesAndOutputDtypes:MlaDecodeCuda.PlannedAheadScheduleServesSeveralDecodes:MlaDecodeCudaErrors.*"
+  [decode_cuda_test]="MlaDecodeCuda.StridedQueryOutputAndLse:MlaDecodeCuda.EmptyRequestsNeverTouchTheTable:MlaDecodeCuda.BadDeviceIndicesGiveNanRows:MlaDecodeCuda.SixtyFourRowTilesOverSixteenBitCaches:MlaDecodeCuda.SixtyFourRowTilesOverEveryPageShape:MlaDecodeCuda.SixtyFourRowTilesOverFp8E4m3Caches:MlaDecodeCuda.SixtyFourRowTilesOverFp8DsMlaCaches:MlaDecodeCuda.NanDsMlaTileScalesPropagate:MlaDecodeCuda.SixteenRowTilesOverFp8DsMlaPageShapes:MlaDecodeCuda.QTilesByTmaAndByThreads:MlaDecodeCuda.NanCacheValuesPropagate:MlaDecodeCuda.ManyHeads:MlaDecodeCuda.CacheFormatsScalesAndOutputDtypes:MlaDecodeCuda.PlannedAheadScheduleServesSeveralDecodes:MlaDecodeCudaErrors.*"
   # 26 s natively, most of it the 16384-token request's host reference rows: every other case
   # (varlen batches, tile boundaries, NaN isolation, 16 / 128 heads, empty requests, f32 out, the
   # mma.sync path, device-side bad seqlens).

@@ -84,15 +84,16 @@ Tensor device_nan(std::initializer_list<int64_t> shape, DType dtype) {
 }
 
 struct DeviceInputs {
-  Tensor q_storage, cache, block_table, seq_lens;
-  TensorView q;
+  Tensor q_storage, cache_storage, block_table, seq_lens;
+  TensorView q, cache;
 };
 
 DeviceInputs upload(const HostInputs& in) {
   DeviceInputs d;
   d.q_storage = to_device(in.q_storage);
   d.q = d.q_storage.view().narrow(3, 0, kDim);
-  d.cache = to_device(in.cache);
+  d.cache_storage = to_device(in.cache_storage);
+  d.cache = d.cache_storage.view().narrow(2, 0, in.cache.size(2));
   d.block_table = to_device(in.block_table);
   d.seq_lens = to_device(in.seq_lens);
   return d;
@@ -407,6 +408,28 @@ TEST(MlaDecodeCuda, SixtyFourRowTilesOverFp8DsMlaCaches) {
   }
 }
 
+// 16-row CTAs over fp8_ds_mla caches with a 16-bit q (raw tiles that land by bulk copies, one per
+// run of a page's slots in a tile): pages of 1, 16, 24, 64 and 128 slots, lengths ending mid-tile
+// and mid-page over NaN-poisoned slots (the keys past a segment are zeroed, not copied), and a
+// strided cache whose slots are not contiguous (one copy per key).
+TEST(MlaDecodeCuda, SixteenRowTilesOverFp8DsMlaPageShapes) {
+  MLAKIT_SKIP_WITHOUT_GPU();
+  uint64_t stream = 1300;
+  for (int64_t bs : {1, 16, 24, 64, 128}) {
+    for (int64_t cache_pad : {0, 16}) {
+      Case c;
+      c.seq_lens = {1000, 130, 0, 64, 2, 127, 200};
+      c.kv_dtype = KvCacheDType::kFp8DsMla;
+      c.block_size = bs;
+      c.cache_pad = cache_pad;
+      c.q_dtype = c.cache_dtype = bs % 2 == 1 ? DType::kF16 : DType::kBF16;  // the rope is q's
+      c.out_dtype = DType::kBF16;
+      ASSERT_TRUE(c.raw_ds_mla());
+      check_case(c, stream++, {0, 5});
+    }
+  }
+}
+
 // A NaN tile scale of one fp8_ds_mla key makes every row that sees the key NaN (out and lse); the
 // other requests stay exact. Scale 0 (blocks 0-1, converted in the first phase) and 3 (blocks 6-7,
 // held in registers until the last), a key in the first 32 of its tile (the convert warpgroup's
@@ -549,11 +572,12 @@ TEST(MlaDecodeCuda, EmptyRequestsNeverTouchTheTable) {
   }
 }
 
-// One case of BadDeviceIndicesGiveNanRows with 16 heads and s_q queries per request: request 0
-// is good, 1 has a block id outside the cache, 2 a seq_len beyond the table and, for s_q > 1,
-// 3 a seq_len in (0, s_q) (seq_lens count the new tokens too).
-void check_bad_indices(int64_t s_q, uint64_t stream) {
+// One case of BadDeviceIndicesGiveNanRows with 16 heads and s_q queries per request over a cache
+// of format `kv`: request 0 is good, 1 has a block id outside the cache, 2 a seq_len beyond the
+// table and, for s_q > 1, 3 a seq_len in (0, s_q) (seq_lens count the new tokens too).
+void check_bad_indices(int64_t s_q, KvCacheDType kv, uint64_t stream) {
   Case c;
+  c.kv_dtype = kv;
   c.seq_lens = {100, 200, 50};
   if (s_q > 1) c.seq_lens.push_back(60);
   c.block_size = 16;
@@ -591,8 +615,10 @@ TEST(MlaDecodeCuda, BadDeviceIndicesGiveNanRows) {
   MLAKIT_SKIP_WITHOUT_GPU();
   for (int64_t s_q : {1, 4}) {  // 16 rows (mma.sync kernel) and 64 rows (wgmma kernel)
     SCOPED_TRACE(testing::Message() << "s_q " << s_q);
-    check_bad_indices(s_q, 700 + static_cast<uint64_t>(s_q));
+    check_bad_indices(s_q, KvCacheDType::kAuto, 700 + static_cast<uint64_t>(s_q));
   }
+  // 16 rows over raw fp8_ds_mla tiles: the bad page's keys are zeroed, not copied
+  check_bad_indices(1, KvCacheDType::kFp8DsMla, 710);
 }
 
 // After a graph replay wrote replay_out / replay_lse: an eager run (`run_eager`, on `stream`) of

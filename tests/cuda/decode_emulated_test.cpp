@@ -24,6 +24,7 @@
 #include <deque>
 #include <functional>
 #include <limits>
+#include <map>
 #include <utility>
 #include <vector>
 
@@ -47,6 +48,24 @@ struct PendingCopy {
   uint32_t dst;
   const void* src;
   bool valid;
+};
+
+// A bulk copy issued onto an mbarrier: it lands when the barrier's phase completes.
+struct BulkCopy {
+  uint32_t dst;
+  const void* src;
+  uint32_t bytes;
+};
+
+// An mbarrier: a phase completes at the first wait after all `expected` arrivals, when its bulk
+// copies land (as late as the hardware may deliver them); their bytes must equal the announced
+// ones.
+struct MBarrier {
+  int expected = 0, pending = 0;
+  int64_t announced = 0;
+  uint64_t completed = 0;  // phases completed; the current phase's parity is completed % 2
+  std::vector<BulkCopy> copies;
+  Barrier gate;  // its generation advances when the arrivals are in or a phase completes
 };
 
 struct Fiber {
@@ -77,6 +96,7 @@ struct Cta {
   Warp warps[kCtaThreads / kWarpSize];
   Barrier barrier;
   int or_accumulator[2] = {0, 0}, or_result[2] = {0, 0};
+  std::map<uint32_t, MBarrier> mbarriers;  // by shared-memory address
   ucontext_t scheduler;
   int current = 0;
   unsigned block = 0;
@@ -254,6 +274,63 @@ inline float shfl_xor(float v, int mask) {
   return r;
 }
 
+inline uint32_t reduce_add(uint32_t v) {
+  Warp& w = warp();
+  Fiber& f = self();
+  const unsigned p = f.parity;
+  w.value[p][lane()] = std::bit_cast<float>(v);
+  arrive_and_wait(w.barrier, kWarpSize, [] {});
+  uint32_t sum = 0;
+  for (int t = 0; t < kWarpSize; ++t) sum += std::bit_cast<uint32_t>(w.value[p][t]);
+  f.parity ^= 1;
+  return sum;
+}
+
+inline MBarrier& mbarrier_at(uint32_t addr) {
+  auto it = cta->mbarriers.find(addr);
+  if (it == cta->mbarriers.end()) {
+    ADD_FAILURE() << "mbarrier at " << addr << " used before its init";
+    return cta->mbarriers[addr];
+  }
+  return it->second;
+}
+
+inline void mbarrier_arrive(uint32_t addr, uint32_t bytes) {
+  MBarrier& m = mbarrier_at(addr);
+  m.announced += bytes;
+  if (--m.pending < 0) ADD_FAILURE() << "more arrivals than the mbarrier's count";
+  if (m.pending == 0) ++m.gate.generation;
+}
+
+inline void mbarrier_wait(uint32_t addr, uint32_t parity) {
+  MBarrier& m = mbarrier_at(addr);
+  while ((m.completed & 1u) == parity) {
+    if (m.pending == 0) {
+      int64_t landed = 0;
+      for (const BulkCopy& c : m.copies) {
+        std::memcpy(shared_base + c.dst, c.src, c.bytes);
+        landed += c.bytes;
+      }
+      if (landed != m.announced) {
+        ADD_FAILURE() << "mbarrier phase announced " << m.announced << " bytes, copies brought "
+                      << landed;
+      }
+      m.copies.clear();
+      m.announced = 0;
+      m.pending = m.expected;
+      ++m.completed;
+      ++m.gate.generation;
+      break;
+    }
+    Fiber& f = self();
+    const uint64_t generation = m.gate.generation;
+    f.blocked_on = &m.gate;
+    f.blocked_generation = generation;
+    while (m.gate.generation == generation) yield();
+    f.blocked_on = nullptr;
+  }
+}
+
 inline void sync_threads() {
   arrive_and_wait(cta->barrier, kCtaThreads, [] {});
 }
@@ -297,6 +374,7 @@ inline int __syncthreads_or(int predicate) { return emu::sync_threads_or(predica
 inline float __shfl_xor_sync(unsigned /*mask*/, float v, int mask) {
   return emu::shfl_xor(v, mask);
 }
+inline unsigned __reduce_add_sync(unsigned /*mask*/, unsigned v) { return emu::reduce_add(v); }
 inline float __log2f(float x) { return std::log2(x); }
 template <class T>
 inline T __ldg(const T* p) {
@@ -320,9 +398,30 @@ namespace mlakit::cuda::decode_sm90_emulated {
 using namespace ::mlakit::cuda::decode_sm90;  // the kernel arguments and the cache formats
 }
 #define decode_sm90 decode_sm90_emulated
+#include "cuda/decode/sm90/traits.cuh"  // kSmemLimit, for the bulk copies' bounds check
 
 #define MLAKIT_CUDA_DECODE_SM90_PTX_CUH  // kernel.cuh's include of ptx.cuh becomes a no-op
+#define MLAKIT_CUDA_COMMON_MBARRIER_CUH  // and ptx.cuh's of mbarrier.cuh
 namespace mlakit::cuda::decode_sm90 {
+
+inline void mbarrier_init(uint32_t mbar, int count) {
+  emu::MBarrier& m = emu::cta->mbarriers[mbar];
+  m = emu::MBarrier{};
+  m.expected = m.pending = count;
+}
+inline void fence_mbarrier_init() {}
+inline void mbarrier_arrive_expect_tx(uint32_t mbar, uint32_t bytes) {
+  emu::mbarrier_arrive(mbar, bytes);
+}
+inline void mbarrier_wait(uint32_t mbar, uint32_t parity) { emu::mbarrier_wait(mbar, parity); }
+inline void bulk_load(uint32_t dst, const void* src, uint32_t bytes, uint32_t mbar) {
+  if (dst % 16 != 0 || reinterpret_cast<uintptr_t>(src) % 16 != 0 || bytes % 16 != 0) {
+    ADD_FAILURE() << "bulk copy not in 16-byte units";
+  }
+  if (dst + bytes > kSmemLimit) ADD_FAILURE() << "bulk copy past shared memory";
+  emu::mbarrier_at(mbar).copies.push_back({dst, src, bytes});
+}
+inline void fence_stores_before_bulk_copies() {}
 
 inline uint32_t smem_addr(const void* p) {
   return static_cast<uint32_t>(static_cast<const uint8_t*>(p) - emu::shared_base);
@@ -908,6 +1007,43 @@ TEST(MlaDecodeEmulated, RawDsMlaRangesOfQAndScales) {
     }
     check_inputs(c, batch_inputs(c, requests, rng), balanced({1, 3}));
   }
+}
+
+// Raw fp8_ds_mla tiles land by bulk copies, one per run of a page's slots in a tile: pages of 1, 24
+// and 128 slots, lengths ending mid-tile and mid-page (the keys past a segment are zeroed by the
+// threads over the NaN-initialized shared memory), a strided cache whose slots are not contiguous
+// (one copy per key), and a block id outside the cache inside a run (its keys zeroed, not read).
+TEST(MlaDecodeEmulated, RawDsMlaBulkCopiesOverEveryPageShape) {
+  uint64_t stream = 1500;
+  for (int64_t bs : {1, 24, 128}) {
+    for (int64_t cache_pad : {0, 16}) {
+      Case c;
+      c.seq_lens = {150, 0, 65, 2};
+      c.kv_dtype = KvCacheDType::kFp8DsMla;
+      c.block_size = bs;
+      c.cache_pad = cache_pad;
+      c.q_dtype = c.cache_dtype = bs == 24 ? DType::kF16 : DType::kBF16;  // the rope is q's
+      ASSERT_TRUE(c.raw_ds_mla());
+      check_case(c, stream++, balanced({1, 3}));
+    }
+  }
+  Case c;
+  c.seq_lens = {90, 100};
+  c.kv_dtype = KvCacheDType::kFp8DsMla;
+  c.block_size = 16;
+  auto rng = test::make_rng(stream);
+  HostInputs in = make_inputs(c, rng);
+  const Expected ref = reference(c, in.q_kernel, in.k_kernel);
+  in.block_table.data<int32_t>()[1 * in.block_table.size(1) + 2] =
+      static_cast<int32_t>(in.cache.size(0));  // keys 32-47 of request 1
+  const Outputs o = run_emulated(c, in, {2});
+  EXPECT_EQ(o.error_word, uint32_t{cuda::kDecodeBadIndex});
+  const int64_t row = c.s_q * c.heads;
+  const std::vector<double> out = test::to_doubles(o.out), lse = test::to_doubles(o.lse);
+  for (int64_t i = row * kRank; i < 2 * row * kRank; ++i) ASSERT_TRUE(std::isnan(out[i])) << i;
+  for (int64_t i = row; i < 2 * row; ++i) ASSERT_TRUE(std::isnan(lse[i])) << i;
+  const std::vector<double> want(ref.out.begin(), ref.out.begin() + row * kRank);
+  EXPECT_TRUE(test::all_close(o.out.narrow(0, 0, 1), want, out_tolerance(c)));
 }
 
 // A NaN cache value (e4m3 0xff) makes every row that sees it NaN (out and lse); the other requests

@@ -56,6 +56,8 @@ struct Case {
   float k_scale = 1.0f;
   int64_t q_pad = 0;    // extra elements per q row (a strided view)
   int64_t out_pad = 0;  // extra elements per out row and per lse row
+  // extra elements per cache slot (a strided cache view; 16-byte multiples keep slots aligned)
+  int64_t cache_pad = 0;
 
   int64_t batch() const { return static_cast<int64_t>(seq_lens.size()); }
   ops::DecodeParams params() const { return {kDeepSeekScale, kv_dtype, q_scale, k_scale, kRank}; }
@@ -91,15 +93,18 @@ struct Case {
            std::to_string(heads) + " bs " + std::to_string(block_size) + " q " +
            dtype_name(q_dtype) + " cache " + dtype_name(cache_dtype) + " fmt " +
            std::to_string(static_cast<int>(kv_dtype)) + " out " + dtype_name(out_dtype) +
-           " scales " + std::to_string(q_scale) + "/" + std::to_string(k_scale);
+           " scales " + std::to_string(q_scale) + "/" + std::to_string(k_scale) +
+           (cache_pad > 0 ? " cache_pad " + std::to_string(cache_pad) : "");
   }
 };
 
 // Host inputs plus the values the math sees, exactly and as E holds them.
 struct HostInputs {
-  Tensor q_storage;    // [B, s_q, N, 576 + q_pad]
-  TensorView q;        // [B, s_q, N, 576]
-  Tensor cache;        // [num_blocks, block_size, entry], NaN wherever nothing was written
+  Tensor q_storage;  // [B, s_q, N, 576 + q_pad]
+  TensorView q;      // [B, s_q, N, 576]
+  Tensor
+      cache_storage;   // [num_blocks, block_size, entry + cache_pad], NaN where nothing was written
+  TensorView cache;    // [num_blocks, block_size, entry]
   Tensor block_table;  // i32 [B, W]; unused columns -1
   Tensor seq_lens;     // i32 [B]
   std::vector<double> q_exact, q_kernel;      // [B, s_q, N, 576]
@@ -203,7 +208,8 @@ inline HostInputs batch_inputs(const Case& c, const std::vector<RequestValues>& 
   std::shuffle(ids.begin(), ids.end(), rng);
   const DType storage = c.kv_dtype == KvCacheDType::kAuto ? c.cache_dtype : DType::kU8;
   const int64_t entry = c.kv_dtype == KvCacheDType::kFp8DsMla ? kDsMlaEntryBytes : kDim;
-  in.cache = test::nan_tensor({num_blocks, bs, entry}, storage);
+  in.cache_storage = test::nan_tensor({num_blocks, bs, entry + c.cache_pad}, storage);
+  in.cache = in.cache_storage.view().narrow(2, 0, entry);
   std::vector<int64_t> table(batch * width, -1);
   in.k_exact.resize(batch);
   in.k_kernel.resize(batch);
@@ -215,7 +221,8 @@ inline HostInputs batch_inputs(const Case& c, const std::vector<RequestValues>& 
       const std::vector<float> x(requests[b].keys.begin() + s * kDim,
                                  requests[b].keys.begin() + (s + 1) * kDim);
       const int64_t slot = table[b * width + s / bs] * bs + s % bs;
-      uint8_t* e = static_cast<uint8_t*>(in.cache.view().data) + slot * entry * dtype_size(storage);
+      uint8_t* e =
+          static_cast<uint8_t*>(in.cache.data) + slot * in.cache.strides[1] * dtype_size(storage);
       std::vector<double> exact, kernel;
       write_entry(c, e, x, oracle_values ? in.k_exact[b] : exact,
                   oracle_values ? in.k_kernel[b] : kernel);
@@ -307,24 +314,24 @@ inline double cos_bar(const Case& c) {
 // Writes an e4m3 NaN (0xff) over NoPE value `dim` (< 512) of key `key` of request b in the host
 // cache of an fp8 case (both fp8 formats store NoPE value d at byte d of the entry).
 inline void poison_fp8_value(const Case& c, HostInputs& in, int64_t b, int64_t key, int64_t dim) {
-  const int64_t width = in.block_table.size(1), entry = in.cache.size(2);
+  const int64_t width = in.block_table.size(1), slot_bytes = in.cache.strides[1];
   const auto* table = static_cast<const int32_t*>(in.block_table.view().data);  // [B, width]
   const int64_t block = table[b * width + key / c.block_size];
   ASSERT_GE(block, 0) << "key " << key << " of request " << b << " has no block";
-  uint8_t* cache = static_cast<uint8_t*>(in.cache.view().data);
-  cache[(block * c.block_size + key % c.block_size) * entry + dim] = 0xff;
+  uint8_t* cache = static_cast<uint8_t*>(in.cache.data);  // u8 storage: strides are bytes
+  cache[(block * c.block_size + key % c.block_size) * slot_bytes + dim] = 0xff;
 }
 
 // Writes an f32 NaN (0xffffffff) over tile scale `tile` (< 4: NoPE values 128 tile .. + 127) of
 // key `key` of request b in the host cache of an fp8_ds_mla case.
 inline void poison_ds_mla_scale(const Case& c, HostInputs& in, int64_t b, int64_t key,
                                 int64_t tile) {
-  const int64_t width = in.block_table.size(1), entry = in.cache.size(2);
+  const int64_t width = in.block_table.size(1), slot_bytes = in.cache.strides[1];
   const auto* table = static_cast<const int32_t*>(in.block_table.view().data);  // [B, width]
   const int64_t block = table[b * width + key / c.block_size];
   ASSERT_GE(block, 0) << "key " << key << " of request " << b << " has no block";
-  uint8_t* cache = static_cast<uint8_t*>(in.cache.view().data);  // [num_blocks, bs, 656] bytes
-  std::memset(cache + (block * c.block_size + key % c.block_size) * entry + kDsMlaScaleOffset +
+  uint8_t* cache = static_cast<uint8_t*>(in.cache.data);  // [num_blocks, bs, 656] bytes
+  std::memset(cache + (block * c.block_size + key % c.block_size) * slot_bytes + kDsMlaScaleOffset +
                   static_cast<int64_t>(sizeof(float)) * tile,
               0xff, sizeof(float));
 }

@@ -2,7 +2,11 @@
 // announces the bytes its copies will deliver (expect_tx), without waiting for them; a consumer
 // waits for the barrier's current phase to complete. A phase completes when `count` arrivals have
 // happened and every announced byte has landed; waiters name the phase by its parity (0, 1, ...).
-#pragma once
+//
+// A classic include guard instead of #pragma once: tests/cuda/decode_emulated_test.cpp defines it
+// and supplies host versions, to run the decode kernel source on the CPU.
+#ifndef MLAKIT_CUDA_COMMON_MBARRIER_CUH
+#define MLAKIT_CUDA_COMMON_MBARRIER_CUH
 
 #include <cstdint>
 
@@ -44,3 +48,5 @@ __device__ __forceinline__ void mbarrier_wait(uint32_t mbar, uint32_t parity) {
 }
 
 }  // namespace mlakit::cuda
+
+#endif  // MLAKIT_CUDA_COMMON_MBARRIER_CUH

@@ -6,7 +6,8 @@
 // (work_plan.hpp, written by the plan kernel) one after another; a segment is a range of 64-key
 // tiles of one request. Per 64-key tile:
 //   copy    cp.async of the 64 cache entries (page ids from the block table) into a ring stage,
-//           kTilesAhead tiles ahead; keys past the chunk are zero-filled, never read;
+//           kTilesAhead tiles ahead, or for raw fp8_ds_mla tiles one bulk copy per run of a page's
+//           slots onto the stage's mbarrier; keys past the chunk are zero-filled, never read;
 //   convert (fp8 formats) raw entries -> a 16-bit tile in shared memory; not for an fp8 q over
 //           fp8_e4m3, whose raw tile each warp converts in registers (kernel_e4m3.cuh);
 //   scores  S = q K^T with mma.sync m16n8k16 (f32 accumulators), every row reading the same tile;
@@ -158,10 +159,11 @@ __device__ __forceinline__ void accumulate_values(uint32_t p_base, uint32_t v_ba
 // ---- the kernel --------------------------------------------------------------------------------
 
 // One segment of the CTA's work (make_work_item), from its first copy to its rows in out / lse or
-// in its partial slot. Starts with O, the running max and the row sums cleared.
+// in its partial slot. Starts with O, the running max and the row sums cleared. `ring_phases`
+// carries the ring stages' mbarrier parities from segment to segment (bulk copies).
 template <class Cfg>
 __device__ __forceinline__ void decode_segment(const DecodeKernelParams& p, const WorkItem& w,
-                                               uint8_t* smem) {
+                                               uint8_t* smem, uint32_t& ring_phases) {
   const int warp = static_cast<int>(threadIdx.x) >> 5, lane = static_cast<int>(threadIdx.x) & 31;
   const int g = lane >> 2, tq = lane & 3;  // MMA fragment row (0..7) and column pair (0..3)
   const int row_group = warp / Cfg::kKeyGroups, key_group = warp % Cfg::kKeyGroups;
@@ -171,9 +173,7 @@ __device__ __forceinline__ void decode_segment(const DecodeKernelParams& p, cons
   float* row_sum_part = reinterpret_cast<float*>(smem + Cfg::kRowSumOffset);  // [kKeyGroups][M]
   float* alpha_s = reinterpret_cast<float*>(smem + Cfg::kAlphaOffset);        // [M]
   float* max_final = reinterpret_cast<float*>(smem + Cfg::kMaxFinalOffset);   // [M]
-  auto raw_stage = [&](int tile) {
-    return smem + Cfg::kRawOffset + (tile % Cfg::kStages) * align128(Cfg::kRawTileBytes);
-  };
+  auto raw_stage = [&](int tile) { return smem + Cfg::raw_stage_offset(tile); };
 
   // The two rows (g, g + 8 of the row group) this thread's score fragments hold, and the end of
   // the keys each sees (bottom-right causal within the split).
@@ -213,7 +213,7 @@ __device__ __forceinline__ void decode_segment(const DecodeKernelParams& p, cons
       const bool fetched = Cfg::kRawE4m3 || Cfg::kRawDsMla || q_fetchable(p);
       uint4 q_raw[QTile<Cfg>::kBatch];
       if (fetched) fetch_q_batch<Cfg>(p, w, 0, q_raw);
-      start_copies<Cfg>(p, w, raw_stage, next_pages, bad);
+      start_copies<Cfg>(p, w, smem, next_pages, bad);
       // Stage q where no copy is in flight (the conversion buffer, or the ring stage the first
       // in-loop copy fills), then move it into A fragments.
       uint8_t* staging = Cfg::kConvert ? smem + Cfg::kConvOffset : raw_stage(Cfg::kStages - 1);
@@ -233,15 +233,17 @@ __device__ __forceinline__ void decode_segment(const DecodeKernelParams& p, cons
         ldmatrix_x4(q_frags[ks],
                     smem_addr(staging) + Cfg::operand_offset(lane & 15, 2 * ks + (lane >> 4)));
       }
+      // The staging stage's next tile arrives by bulk copy, after q's stores to the same bytes.
+      if constexpr (Cfg::kBulkCopies) fence_stores_before_bulk_copies();
     } else {
-      start_copies<Cfg>(p, w, raw_stage, next_pages, bad);
+      start_copies<Cfg>(p, w, smem, next_pages, bad);
       load_q_tile<Cfg>(p, w, smem + Cfg::kQOffset);  // read after the loop's first barrier
     }
   }
 
   const float score_scale_log2 = score_factor<Cfg>(p, w);
   for (int t = 0; t < w.num_tiles; ++t) {
-    cp_async_wait<Cfg::kTilesAhead - 1>();  // this thread's copies of tile t have landed
+    wait_tile_copies<Cfg>(smem, t, ring_phases);  // this thread's copies of tile t have landed
     __syncthreads();  // everyone's have; tile t - 1 is no longer read by anyone
     uint8_t* tile_data;
     if constexpr (Cfg::kConvert) {
@@ -253,7 +255,7 @@ __device__ __forceinline__ void decode_segment(const DecodeKernelParams& p, cons
     }
     // Native: stage (t - 1) % kStages is free since the barrier above; converted: stage t % kStages
     // since the conversion. Both equal (t + kTilesAhead) % kStages.
-    continue_copies<Cfg>(p, w, t, raw_stage, next_pages, bad);
+    continue_copies<Cfg>(p, w, t, smem, next_pages, bad);
 
     // scores
     float acc[Cfg::kScoreChains][Cfg::kScoreTiles][4];
@@ -414,10 +416,20 @@ __global__ void __launch_bounds__(kThreads, 1)
   extern __shared__ __align__(128) uint8_t smem[];
   wait_for_prior_grids();
   allow_next_grid_launch();
+  if constexpr (Cfg::kBulkCopies) {
+    if (threadIdx.x == 0) {
+      for (int stage = 0; stage < Cfg::kStages; ++stage) {  // one arrival per warp per tile
+        mbarrier_init(smem_addr(smem + Cfg::stage_barrier_offset(stage)), kWarps);
+      }
+      fence_mbarrier_init();
+    }
+    __syncthreads();
+  }
+  uint32_t ring_phases = 0;  // bit s: the parity of stage s's next mbarrier phase
   const CtaWork work = cta_work<Cfg>(p);
   for (int segment = work.segment_begin; segment < work.segment_end; ++segment) {
     if (segment > work.segment_begin) __syncthreads();  // the last one is done with shared memory
-    decode_segment<Cfg>(p, make_work_item<Cfg>(p, work.row0, segment), smem);
+    decode_segment<Cfg>(p, make_work_item<Cfg>(p, work.row0, segment), smem, ring_phases);
   }
 }
 

@@ -404,9 +404,9 @@ __device__ __forceinline__ void lookup_pages(const DecodeKernelParams& p, const 
 // Issues (does not wait for) the copies of tile `tile` into `stage`. Sets `bad` on a block id
 // outside the cache; that key is zero-filled instead.
 template <class Cfg>
-__device__ __forceinline__ void copy_tile(const DecodeKernelParams& p, const WorkItem& w, int tile,
-                                          const int (&pages)[Cfg::kLoadPasses], uint8_t* stage,
-                                          bool& bad) {
+__device__ __forceinline__ void copy_tile_by_chunks(const DecodeKernelParams& p, const WorkItem& w,
+                                                    int tile, const int (&pages)[Cfg::kLoadPasses],
+                                                    uint8_t* stage, bool& bad) {
   const uint32_t base = smem_addr(stage);
   const int lane_chunk = static_cast<int>(threadIdx.x) % Cfg::kThreadsPerKey;
 #pragma unroll
@@ -433,35 +433,120 @@ __device__ __forceinline__ void copy_tile(const DecodeKernelParams& p, const Wor
   }
 }
 
+// The same with bulk copies (Cfg::kBulkCopies: the stage's rows are the entries as stored). The
+// first thread of a key that starts a run copies the run in one bulk copy onto the stage's
+// mbarrier `mbar`: a run is the tile's consecutive keys on one page (one key when the cache's slots
+// are not contiguous). Each warp then arrives once with its copies' bytes (the mbarrier counts
+// kWarps arrivals). Keys past cta_end or on a bad page are zeroed by their own threads (values and
+// scales must be finite: P x V and the tile's value-scale bound read them), with a proxy fence
+// because later bulk copies write the same bytes.
+template <class Cfg>
+__device__ __forceinline__ void copy_tile_in_bulk(const DecodeKernelParams& p, const WorkItem& w,
+                                                  int tile, const int (&pages)[Cfg::kLoadPasses],
+                                                  uint8_t* stage, uint32_t mbar, bool& bad) {
+  const int lane_chunk = static_cast<int>(threadIdx.x) % Cfg::kThreadsPerKey;
+  const bool contiguous = p.cache_stride_slot_bytes == Cfg::kRawEntry;
+  uint32_t bytes = 0;  // this thread's bulk copies
+  bool zeroed = false;
+#pragma unroll
+  for (int pass = 0; pass < Cfg::kLoadPasses; ++pass) {
+    const int key = key_of_pass<Cfg>(pass);
+    const int pos = w.key_begin + tile * kBlockN + key;
+    const int page = pages[pass];
+    bool valid = pos < w.cta_end;
+    if (valid && (page < 0 || page >= p.num_blocks)) {
+      bad = true;
+      valid = false;
+    }
+    if (valid) {
+      const int slot = fast_divmod(pos, p.block_size_div).remainder;
+      if (lane_chunk == 0 && (key == 0 || slot == 0 || !contiguous)) {
+        const int run =
+            contiguous ? min(min(p.block_size - slot, kBlockN - key), w.cta_end - pos) : 1;
+        const uint32_t run_bytes = static_cast<uint32_t>(run * Cfg::kRawEntry);
+        bulk_load(smem_addr(stage + key * Cfg::kRawEntry),
+                  p.cache + page * p.cache_stride_block_bytes + slot * p.cache_stride_slot_bytes,
+                  run_bytes, mbar);
+        bytes += run_bytes;
+      }
+    } else {
+#pragma unroll
+      for (int step = 0; step < Cfg::kChunkSteps; ++step) {
+        const int c = lane_chunk + step * Cfg::kThreadsPerKey;
+        if (Cfg::kRawChunks % Cfg::kThreadsPerKey == 0 || c < Cfg::kRawChunks) {
+          *reinterpret_cast<uint4*>(stage + key * Cfg::kRawEntry + c * 16) = make_uint4(0, 0, 0, 0);
+        }
+      }
+      zeroed = true;
+    }
+  }
+  if (zeroed) fence_stores_before_bulk_copies();
+  const uint32_t warp_bytes = __reduce_add_sync(0xffffffffu, bytes);
+  if ((threadIdx.x & 31) == 0) mbarrier_arrive_expect_tx(mbar, warp_bytes);
+}
+
+template <class Cfg>
+__device__ __forceinline__ void copy_tile(const DecodeKernelParams& p, const WorkItem& w, int tile,
+                                          const int (&pages)[Cfg::kLoadPasses], uint8_t* smem,
+                                          bool& bad) {
+  uint8_t* stage = smem + Cfg::raw_stage_offset(tile);
+  if constexpr (Cfg::kBulkCopies) {
+    copy_tile_in_bulk<Cfg>(p, w, tile, pages, stage,
+                           smem_addr(smem + Cfg::stage_barrier_offset(tile)), bad);
+  } else {
+    copy_tile_by_chunks<Cfg>(p, w, tile, pages, stage, bad);
+  }
+}
+
+// Closes this thread's copies of one tile (a cp.async group; bulk copies need none).
+template <class Cfg>
+__device__ __forceinline__ void commit_tile_copies() {
+  if constexpr (!Cfg::kBulkCopies) cp_async_commit();
+}
+
+// Waits until every copy of tile t (the oldest of kTilesAhead tiles in flight) has landed, for
+// this thread (cp.async) or for the whole CTA (bulk copies: the stage's mbarrier phase, whose
+// parity `ring_phases` tracks per stage, as each use of a stage is waited for once, in order).
+template <class Cfg>
+__device__ __forceinline__ void wait_tile_copies(uint8_t* smem, int t, uint32_t& ring_phases) {
+  if constexpr (Cfg::kBulkCopies) {
+    const int stage = t % Cfg::kStages;
+    mbarrier_wait(smem_addr(smem + Cfg::stage_barrier_offset(t)), (ring_phases >> stage) & 1u);
+    ring_phases ^= 1u << stage;
+  } else {
+    cp_async_wait<Cfg::kTilesAhead - 1>();
+  }
+}
+
 // Issues the copies of tiles [0, kTilesAhead) (one commit group each, empty past num_tiles) and
-// looks up the page ids of tile kTilesAhead. `stage(tile)` is the ring stage of a tile. The page
-// ids of all those tiles are looked up first, so their block-table reads share one round trip.
-template <class Cfg, class StageFn>
+// looks up the page ids of tile kTilesAhead. The page ids of all those tiles are looked up first,
+// so their block-table reads share one round trip.
+template <class Cfg>
 __device__ __forceinline__ void start_copies(const DecodeKernelParams& p, const WorkItem& w,
-                                             StageFn stage, int (&next_pages)[Cfg::kLoadPasses],
+                                             uint8_t* smem, int (&next_pages)[Cfg::kLoadPasses],
                                              bool& bad) {
   int pages[Cfg::kTilesAhead + 1][Cfg::kLoadPasses];  // -1 past cta_end (no read)
 #pragma unroll
   for (int t = 0; t <= Cfg::kTilesAhead; ++t) lookup_pages<Cfg>(p, w, t, pages[t]);
 #pragma unroll
   for (int t = 0; t < Cfg::kTilesAhead; ++t) {
-    if (t < w.num_tiles) copy_tile<Cfg>(p, w, t, pages[t], stage(t), bad);
-    cp_async_commit();
+    if (t < w.num_tiles) copy_tile<Cfg>(p, w, t, pages[t], smem, bad);
+    commit_tile_copies<Cfg>();
   }
 #pragma unroll
   for (int pass = 0; pass < Cfg::kLoadPasses; ++pass)
     next_pages[pass] = pages[Cfg::kTilesAhead][pass];
 }
 
-// In iteration t, once stage(t + kTilesAhead) is free: copies that tile (one commit group, empty
-// past num_tiles) and looks up the page ids of the tile after it.
-template <class Cfg, class StageFn>
+// In iteration t, once the stage of tile t + kTilesAhead is free: copies that tile (one commit
+// group, empty past num_tiles) and looks up the page ids of the tile after it.
+template <class Cfg>
 __device__ __forceinline__ void continue_copies(const DecodeKernelParams& p, const WorkItem& w,
-                                                int t, StageFn stage,
+                                                int t, uint8_t* smem,
                                                 int (&next_pages)[Cfg::kLoadPasses], bool& bad) {
   const int ahead = t + Cfg::kTilesAhead;
-  if (ahead < w.num_tiles) copy_tile<Cfg>(p, w, ahead, next_pages, stage(ahead), bad);
-  cp_async_commit();
+  if (ahead < w.num_tiles) copy_tile<Cfg>(p, w, ahead, next_pages, smem, bad);
+  commit_tile_copies<Cfg>();
   if (ahead + 1 < w.num_tiles) lookup_pages<Cfg>(p, w, ahead + 1, next_pages);
 }
 

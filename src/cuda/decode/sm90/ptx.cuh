@@ -1,8 +1,10 @@
-// PTX wrappers the sm90 decode is built from: cp.async copies, ldmatrix fragment loads, the
-// m16n8k16 tensor-core MMA in bf16 and f16, ex2, byte permutes and fp8 e4m3 -> 16-bit conversion.
+// PTX wrappers the sm90 decode is built from: cp.async copies, bulk copies onto mbarriers
+// (cuda/common/mbarrier.cuh), ldmatrix fragment loads, the m16n8k16 tensor-core MMA in bf16 and
+// f16, ex2, byte permutes and fp8 e4m3 -> 16-bit conversion.
 //
 // A classic include guard instead of #pragma once: tests/cuda/decode_emulated_test.cpp defines it
-// and supplies host versions of these functions, to run the kernel source on the CPU.
+// and supplies host versions of these functions (and of mbarrier.cuh's), to run the kernel source
+// on the CPU.
 #ifndef MLAKIT_CUDA_DECODE_SM90_PTX_CUH
 #define MLAKIT_CUDA_DECODE_SM90_PTX_CUH
 
@@ -12,6 +14,7 @@
 #include <cstdint>
 
 #include "cuda/common/device_errors.hpp"
+#include "cuda/common/mbarrier.cuh"
 
 namespace mlakit::cuda::decode_sm90 {
 
@@ -38,6 +41,23 @@ __device__ __forceinline__ void cp_async_commit() {
 template <int kPending>
 __device__ __forceinline__ void cp_async_wait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending) : "memory");
+}
+
+// Bulk copy (no tensor map) of `bytes` contiguous bytes from global `src` to shared address `dst`
+// (both 16-byte aligned, `bytes` a multiple of 16); the bytes complete a transaction on the
+// mbarrier `mbar` (whose phase must announce them: mbarrier_arrive_expect_tx).
+__device__ __forceinline__ void bulk_load(uint32_t dst, const void* src, uint32_t bytes,
+                                          uint32_t mbar) {
+  asm volatile(
+      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::
+          "r"(dst),
+      "l"(src), "r"(bytes), "r"(mbar)
+      : "memory");
+}
+// Orders this thread's earlier shared-memory stores before later async-proxy accesses of the same
+// bytes (a bulk copy into a ring stage whose rows were zeroed by stores).
+__device__ __forceinline__ void fence_stores_before_bulk_copies() {
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
 }
 
 // Four 8x8 16-bit matrices; lanes 8i..8i+7 give the row addresses of matrix i, and lane l receives

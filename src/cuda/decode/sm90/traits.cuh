@@ -95,6 +95,10 @@ struct Config : TileCopy<kFormat_> {
   // place likewise, its scales applied to the scores and to P.
   static constexpr bool kRawDsMla = kIsRawDsMla<Element>;
   static constexpr bool kConvert = Copy::kConvert && !kRawE4m3 && !kRawDsMla;  // a pass per tile
+  // Raw fp8_ds_mla stages hold the entries as global memory does (656-byte rows, no swizzle), so a
+  // run of a page's consecutive slots lands in one bulk copy instead of 41 16-byte cp.async per
+  // entry; each ring stage's bulk copies complete on its own mbarrier (kernel_common.cuh).
+  static constexpr bool kBulkCopies = kRawDsMla;
   // With 16 rows every warp needs all of q for its scores; holding q's 36 A fragments in registers
   // (144 per thread) saves re-reading 18 KiB of shared memory per warp per tile. With 64 rows the
   // O accumulator takes 128 registers per thread and q stays in shared memory.
@@ -122,8 +126,10 @@ struct Config : TileCopy<kFormat_> {
   static constexpr int kPBytes = kBlockM * kPRowBytes;
   static constexpr int kRowStatBytes = align128(kBlockM * 4);
   static constexpr int kKeyGroupStatBytes = align128(kKeyGroups * kBlockM * 4);
+  // One 8-byte mbarrier per ring stage (at most kMaxStages), in a 128-byte region.
+  static constexpr int kBarrierBytes = kBulkCopies ? 128 : 0;
   static constexpr int kFixedBytes =
-      kConvBytes + kQBytes + kPBytes + 2 * kKeyGroupStatBytes + 2 * kRowStatBytes;
+      kConvBytes + kQBytes + kPBytes + 2 * kKeyGroupStatBytes + 2 * kRowStatBytes + kBarrierBytes;
   static constexpr int kStages =
       std::min(kMaxStages, (kSmemLimit - kFixedBytes) / align128(kRawTileBytes));
 
@@ -135,7 +141,16 @@ struct Config : TileCopy<kFormat_> {
   static constexpr int kRowSumOffset = kRowMaxOffset + kKeyGroupStatBytes;  // same shape
   static constexpr int kAlphaOffset = kRowSumOffset + kKeyGroupStatBytes;   // f32 [kBlockM]
   static constexpr int kMaxFinalOffset = kAlphaOffset + kRowStatBytes;      // f32 [kBlockM]
-  static constexpr int kSmemBytes = kMaxFinalOffset + kRowStatBytes;
+  static constexpr int kBarrierOffset = kMaxFinalOffset + kRowStatBytes;    // u64 [kStages]
+  static constexpr int kSmemBytes = kBarrierOffset + kBarrierBytes;
+
+  // The ring stage of a segment's tile `tile`, and the mbarrier its bulk copies complete on.
+  __host__ __device__ static constexpr int raw_stage_offset(int tile) {
+    return kRawOffset + (tile % kStages) * align128(kRawTileBytes);
+  }
+  __host__ __device__ static constexpr int stage_barrier_offset(int tile) {
+    return kBarrierOffset + 8 * (tile % kStages);
+  }
 
   // Copies issued ahead of the tile being computed. Native tiles are read in place, so one stage
   // is always busy with the current tile; converted tiles free their raw stage right after the
@@ -156,6 +171,8 @@ struct Config : TileCopy<kFormat_> {
   static_assert(!kRawDsMla || (kFormat == CacheFormat::kFp8DsMla && kBlockM == 16),
                 "raw fp8_ds_mla tiles: 16 rows (q in registers)");
   static_assert(kSmemBytes <= kSmemLimit, "shared-memory plan exceeds 227 KiB");
+  static_assert(kStages * 8 <= kBarrierBytes || !kBulkCopies, "one mbarrier per stage");
+  static_assert(!kBulkCopies || kRawEntry % 16 == 0, "bulk copies move whole 16-byte units");
 
   // Byte offset of 16-byte chunk `chunk` of row `row` in a q or 16-bit K tile (ldmatrix operands).
   __host__ __device__ static constexpr uint32_t operand_offset(int row, int chunk) {
