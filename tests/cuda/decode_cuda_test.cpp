@@ -408,24 +408,33 @@ TEST(MlaDecodeCuda, SixtyFourRowTilesOverFp8DsMlaCaches) {
   }
 }
 
-// 16-row CTAs over fp8_ds_mla caches with a 16-bit q (raw tiles that land by bulk copies, one per
-// run of a page's slots in a tile): pages of 1, 16, 24, 64 and 128 slots, lengths ending mid-tile
-// and mid-page over NaN-poisoned slots (the keys past a segment are zeroed, not copied), and a
-// strided cache whose slots are not contiguous (one copy per key).
-TEST(MlaDecodeCuda, SixteenRowTilesOverFp8DsMlaPageShapes) {
+// 16-row CTAs over fp8 caches, whose tiles land by bulk copies: raw fp8_ds_mla tiles (a 16-bit q)
+// and converted ones (a bf16 q over fp8_e4m3) one copy per run of a page's slots in a tile, raw
+// e4m3 tiles (an fp8 q; rows padded to 592 bytes) one per key. Pages of 1, 16, 24, 64 and 128
+// slots, lengths ending mid-tile and mid-page over NaN-poisoned slots (the keys past a segment are
+// zeroed, not copied), and a strided cache whose slots are not contiguous (one copy per key).
+TEST(MlaDecodeCuda, SixteenRowTilesOverFp8PageShapes) {
   MLAKIT_SKIP_WITHOUT_GPU();
   uint64_t stream = 1300;
   for (int64_t bs : {1, 16, 24, 64, 128}) {
     for (int64_t cache_pad : {0, 16}) {
-      Case c;
-      c.seq_lens = {1000, 130, 0, 64, 2, 127, 200};
-      c.kv_dtype = KvCacheDType::kFp8DsMla;
-      c.block_size = bs;
-      c.cache_pad = cache_pad;
-      c.q_dtype = c.cache_dtype = bs % 2 == 1 ? DType::kF16 : DType::kBF16;  // the rope is q's
-      c.out_dtype = DType::kBF16;
-      ASSERT_TRUE(c.raw_ds_mla());
-      check_case(c, stream++, {0, 5});
+      Case ds_mla;
+      ds_mla.seq_lens = {1000, 130, 0, 64, 2, 127, 200};
+      ds_mla.kv_dtype = KvCacheDType::kFp8DsMla;
+      ds_mla.block_size = bs;
+      ds_mla.cache_pad = cache_pad;
+      ds_mla.q_dtype = ds_mla.cache_dtype = bs % 2 == 1 ? DType::kF16 : DType::kBF16;  // q's rope
+      ds_mla.out_dtype = DType::kBF16;
+      ASSERT_TRUE(ds_mla.raw_ds_mla());
+      Case raw_e4m3 = ds_mla;
+      raw_e4m3.kv_dtype = KvCacheDType::kFp8E4m3;
+      raw_e4m3.q_dtype = DType::kFp8E4m3;
+      raw_e4m3.cache_dtype = DType::kBF16;
+      raw_e4m3.q_scale = 2.0f;
+      raw_e4m3.k_scale = 0.5f;
+      Case converted = raw_e4m3;
+      converted.q_dtype = DType::kBF16;
+      for (const Case& c : {ds_mla, raw_e4m3, converted}) check_case(c, stream++, {0, 5});
     }
   }
 }

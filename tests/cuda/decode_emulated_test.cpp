@@ -1009,22 +1009,32 @@ TEST(MlaDecodeEmulated, RawDsMlaRangesOfQAndScales) {
   }
 }
 
-// Raw fp8_ds_mla tiles land by bulk copies, one per run of a page's slots in a tile: pages of 1, 24
-// and 128 slots, lengths ending mid-tile and mid-page (the keys past a segment are zeroed by the
-// threads over the NaN-initialized shared memory), a strided cache whose slots are not contiguous
-// (one copy per key), and a block id outside the cache inside a run (its keys zeroed, not read).
-TEST(MlaDecodeEmulated, RawDsMlaBulkCopiesOverEveryPageShape) {
+// fp8 tiles land by bulk copies: raw fp8_ds_mla tiles (a 16-bit q) one per run of a page's slots in
+// a tile, raw e4m3 tiles (an fp8 q; rows padded to 592 bytes) one per key, converted tiles (a bf16
+// q over fp8_e4m3) one per run. Pages of 1, 24 and 128 slots, lengths ending mid-tile and mid-page
+// (the keys past a segment are zeroed by the threads over the NaN-initialized shared memory), a
+// strided cache whose slots are not contiguous (one copy per key), and a block id outside the
+// cache inside a run (its keys zeroed, not read).
+TEST(MlaDecodeEmulated, Fp8BulkCopiesOverEveryPageShape) {
   uint64_t stream = 1500;
   for (int64_t bs : {1, 24, 128}) {
     for (int64_t cache_pad : {0, 16}) {
-      Case c;
-      c.seq_lens = {150, 0, 65, 2};
-      c.kv_dtype = KvCacheDType::kFp8DsMla;
-      c.block_size = bs;
-      c.cache_pad = cache_pad;
-      c.q_dtype = c.cache_dtype = bs == 24 ? DType::kF16 : DType::kBF16;  // the rope is q's
-      ASSERT_TRUE(c.raw_ds_mla());
-      check_case(c, stream++, balanced({1, 3}));
+      Case ds_mla;
+      ds_mla.seq_lens = {150, 0, 65, 2};
+      ds_mla.kv_dtype = KvCacheDType::kFp8DsMla;
+      ds_mla.block_size = bs;
+      ds_mla.cache_pad = cache_pad;
+      ds_mla.q_dtype = ds_mla.cache_dtype = bs == 24 ? DType::kF16 : DType::kBF16;  // q's rope
+      ASSERT_TRUE(ds_mla.raw_ds_mla());
+      Case raw_e4m3 = ds_mla;
+      raw_e4m3.kv_dtype = KvCacheDType::kFp8E4m3;
+      raw_e4m3.q_dtype = DType::kFp8E4m3;
+      raw_e4m3.cache_dtype = DType::kBF16;
+      raw_e4m3.q_scale = 2.0f;
+      raw_e4m3.k_scale = 0.5f;
+      Case converted = raw_e4m3;
+      converted.q_dtype = DType::kBF16;
+      for (const Case& c : {ds_mla, raw_e4m3, converted}) check_case(c, stream++, balanced({1, 3}));
     }
   }
   Case c;

@@ -445,7 +445,8 @@ __device__ __forceinline__ void copy_tile_in_bulk(const DecodeKernelParams& p, c
                                                   int tile, const int (&pages)[Cfg::kLoadPasses],
                                                   uint8_t* stage, uint32_t mbar, bool& bad) {
   const int lane_chunk = static_cast<int>(threadIdx.x) % Cfg::kThreadsPerKey;
-  const bool contiguous = p.cache_stride_slot_bytes == Cfg::kRawEntry;
+  const bool contiguous =
+      Cfg::kStageRowBytes == Cfg::kRawEntry && p.cache_stride_slot_bytes == Cfg::kRawEntry;
   uint32_t bytes = 0;  // this thread's bulk copies
   bool zeroed = false;
 #pragma unroll
@@ -464,7 +465,7 @@ __device__ __forceinline__ void copy_tile_in_bulk(const DecodeKernelParams& p, c
         const int run =
             contiguous ? min(min(p.block_size - slot, kBlockN - key), w.cta_end - pos) : 1;
         const uint32_t run_bytes = static_cast<uint32_t>(run * Cfg::kRawEntry);
-        bulk_load(smem_addr(stage + key * Cfg::kRawEntry),
+        bulk_load(smem_addr(stage) + Cfg::raw_offset(key, 0),
                   p.cache + page * p.cache_stride_block_bytes + slot * p.cache_stride_slot_bytes,
                   run_bytes, mbar);
         bytes += run_bytes;
@@ -474,7 +475,7 @@ __device__ __forceinline__ void copy_tile_in_bulk(const DecodeKernelParams& p, c
       for (int step = 0; step < Cfg::kChunkSteps; ++step) {
         const int c = lane_chunk + step * Cfg::kThreadsPerKey;
         if (Cfg::kRawChunks % Cfg::kThreadsPerKey == 0 || c < Cfg::kRawChunks) {
-          *reinterpret_cast<uint4*>(stage + key * Cfg::kRawEntry + c * 16) = make_uint4(0, 0, 0, 0);
+          *reinterpret_cast<uint4*>(stage + Cfg::raw_offset(key, c)) = make_uint4(0, 0, 0, 0);
         }
       }
       zeroed = true;
