@@ -418,23 +418,10 @@ TEST(MlaDecodeCuda, SixteenRowTilesOverFp8PageShapes) {
   uint64_t stream = 1300;
   for (int64_t bs : {1, 16, 24, 64, 128}) {
     for (int64_t cache_pad : {0, 16}) {
-      Case ds_mla;
-      ds_mla.seq_lens = {1000, 130, 0, 64, 2, 127, 200};
-      ds_mla.kv_dtype = KvCacheDType::kFp8DsMla;
-      ds_mla.block_size = bs;
-      ds_mla.cache_pad = cache_pad;
-      ds_mla.q_dtype = ds_mla.cache_dtype = bs % 2 == 1 ? DType::kF16 : DType::kBF16;  // q's rope
-      ds_mla.out_dtype = DType::kBF16;
-      ASSERT_TRUE(ds_mla.raw_ds_mla());
-      Case raw_e4m3 = ds_mla;
-      raw_e4m3.kv_dtype = KvCacheDType::kFp8E4m3;
-      raw_e4m3.q_dtype = DType::kFp8E4m3;
-      raw_e4m3.cache_dtype = DType::kBF16;
-      raw_e4m3.q_scale = 2.0f;
-      raw_e4m3.k_scale = 0.5f;
-      Case converted = raw_e4m3;
-      converted.q_dtype = DType::kBF16;
-      for (const Case& c : {ds_mla, raw_e4m3, converted}) check_case(c, stream++, {0, 5});
+      for (Case c : fp8_bulk_copy_cases({1000, 130, 0, 64, 2, 127, 200}, bs, cache_pad)) {
+        c.out_dtype = DType::kBF16;
+        check_case(c, stream++, {0, 5});
+      }
     }
   }
 }

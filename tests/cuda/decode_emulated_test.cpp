@@ -1019,22 +1019,9 @@ TEST(MlaDecodeEmulated, Fp8BulkCopiesOverEveryPageShape) {
   uint64_t stream = 1500;
   for (int64_t bs : {1, 24, 128}) {
     for (int64_t cache_pad : {0, 16}) {
-      Case ds_mla;
-      ds_mla.seq_lens = {150, 0, 65, 2};
-      ds_mla.kv_dtype = KvCacheDType::kFp8DsMla;
-      ds_mla.block_size = bs;
-      ds_mla.cache_pad = cache_pad;
-      ds_mla.q_dtype = ds_mla.cache_dtype = bs == 24 ? DType::kF16 : DType::kBF16;  // q's rope
-      ASSERT_TRUE(ds_mla.raw_ds_mla());
-      Case raw_e4m3 = ds_mla;
-      raw_e4m3.kv_dtype = KvCacheDType::kFp8E4m3;
-      raw_e4m3.q_dtype = DType::kFp8E4m3;
-      raw_e4m3.cache_dtype = DType::kBF16;
-      raw_e4m3.q_scale = 2.0f;
-      raw_e4m3.k_scale = 0.5f;
-      Case converted = raw_e4m3;
-      converted.q_dtype = DType::kBF16;
-      for (const Case& c : {ds_mla, raw_e4m3, converted}) check_case(c, stream++, balanced({1, 3}));
+      for (const Case& c : fp8_bulk_copy_cases({150, 0, 65, 2}, bs, cache_pad)) {
+        check_case(c, stream++, balanced({1, 3}));
+      }
     }
   }
   Case c;

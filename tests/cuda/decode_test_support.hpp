@@ -161,6 +161,30 @@ inline void write_entry(const Case& c, uint8_t* entry, const std::vector<float>&
   }
 }
 
+// The three 16-row fp8 paths whose tiles land by bulk copies (docs/kernels/decode_sm90.md): raw
+// fp8_ds_mla tiles (a 16-bit q; f16 for odd page sizes, bf16 otherwise, the rope in q's dtype), raw
+// e4m3 tiles (an fp8 q over fp8_e4m3, both scales set) and converted ones (a bf16 q over
+// fp8_e4m3), over pages of `block_size` slots with `cache_pad` extra bytes per slot.
+inline std::vector<Case> fp8_bulk_copy_cases(std::vector<int32_t> seq_lens, int64_t block_size,
+                                             int64_t cache_pad) {
+  Case ds_mla;
+  ds_mla.seq_lens = std::move(seq_lens);
+  ds_mla.kv_dtype = KvCacheDType::kFp8DsMla;
+  ds_mla.block_size = block_size;
+  ds_mla.cache_pad = cache_pad;
+  ds_mla.q_dtype = ds_mla.cache_dtype = block_size % 2 == 1 ? DType::kF16 : DType::kBF16;
+  EXPECT_TRUE(ds_mla.raw_ds_mla());
+  Case raw_e4m3 = ds_mla;
+  raw_e4m3.kv_dtype = KvCacheDType::kFp8E4m3;
+  raw_e4m3.q_dtype = DType::kFp8E4m3;
+  raw_e4m3.cache_dtype = DType::kBF16;
+  raw_e4m3.q_scale = 2.0f;
+  raw_e4m3.k_scale = 0.5f;
+  Case converted = raw_e4m3;
+  converted.q_dtype = DType::kBF16;
+  return {ds_mla, raw_e4m3, converted};
+}
+
 // seq_lens count the s_q new tokens too, so a request has 0 or at least s_q keys: a drawn length
 // in (0, s_q) becomes s_q.
 inline int32_t valid_seq_len(int32_t len, int64_t s_q) {

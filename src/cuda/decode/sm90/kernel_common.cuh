@@ -401,8 +401,27 @@ __device__ __forceinline__ void lookup_pages(const DecodeKernelParams& p, const 
   }
 }
 
-// Issues (does not wait for) the copies of tile `tile` into `stage`. Sets `bad` on a block id
-// outside the cache; that key is zero-filled instead.
+// This thread's key of copy pass `pass` of tile `tile` on page `page`: its position in the request
+// and whether it is copied (inside the segment, on a page of the cache; a page outside it sets
+// `bad`, and the key is zero-filled instead).
+struct TileKey {
+  int key, pos;
+  bool valid;
+};
+template <class Cfg>
+__device__ __forceinline__ TileKey tile_key(const DecodeKernelParams& p, const WorkItem& w,
+                                            int tile, int pass, int page, bool& bad) {
+  const int key = key_of_pass<Cfg>(pass);
+  const int pos = w.key_begin + tile * kBlockN + key;
+  bool valid = pos < w.cta_end;
+  if (valid && (page < 0 || page >= p.num_blocks)) {
+    bad = true;
+    valid = false;
+  }
+  return {key, pos, valid};
+}
+
+// Issues (does not wait for) the copies of tile `tile` into `stage` (tile_key: which keys).
 template <class Cfg>
 __device__ __forceinline__ void copy_tile_by_chunks(const DecodeKernelParams& p, const WorkItem& w,
                                                     int tile, const int (&pages)[Cfg::kLoadPasses],
@@ -411,17 +430,12 @@ __device__ __forceinline__ void copy_tile_by_chunks(const DecodeKernelParams& p,
   const int lane_chunk = static_cast<int>(threadIdx.x) % Cfg::kThreadsPerKey;
 #pragma unroll
   for (int pass = 0; pass < Cfg::kLoadPasses; ++pass) {
-    const int key = key_of_pass<Cfg>(pass);
-    const int pos = w.key_begin + tile * kBlockN + key;
-    const int page = pages[pass];
-    bool valid = pos < w.cta_end;
-    if (valid && (page < 0 || page >= p.num_blocks)) {
-      bad = true;
-      valid = false;
-    }
+    const TileKey k = tile_key<Cfg>(p, w, tile, pass, pages[pass], bad);
+    const int key = k.key;
+    const bool valid = k.valid;
     const uint8_t* src =
-        valid ? p.cache + page * p.cache_stride_block_bytes +
-                    fast_divmod(pos, p.block_size_div).remainder * p.cache_stride_slot_bytes
+        valid ? p.cache + pages[pass] * p.cache_stride_block_bytes +
+                    fast_divmod(k.pos, p.block_size_div).remainder * p.cache_stride_slot_bytes
               : p.cache;
 #pragma unroll
     for (int step = 0; step < Cfg::kChunkSteps; ++step) {
@@ -451,15 +465,9 @@ __device__ __forceinline__ void copy_tile_in_bulk(const DecodeKernelParams& p, c
   bool zeroed = false;
 #pragma unroll
   for (int pass = 0; pass < Cfg::kLoadPasses; ++pass) {
-    const int key = key_of_pass<Cfg>(pass);
-    const int pos = w.key_begin + tile * kBlockN + key;
-    const int page = pages[pass];
-    bool valid = pos < w.cta_end;
-    if (valid && (page < 0 || page >= p.num_blocks)) {
-      bad = true;
-      valid = false;
-    }
-    if (valid) {
+    const TileKey k = tile_key<Cfg>(p, w, tile, pass, pages[pass], bad);
+    const int key = k.key, pos = k.pos, page = pages[pass];
+    if (k.valid) {
       const int slot = fast_divmod(pos, p.block_size_div).remainder;
       if (lane_chunk == 0 && (key == 0 || slot == 0 || !contiguous)) {
         const int run =
