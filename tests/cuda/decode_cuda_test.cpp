@@ -408,17 +408,17 @@ TEST(MlaDecodeCuda, SixtyFourRowTilesOverFp8DsMlaCaches) {
   }
 }
 
-// 16-row CTAs over fp8 caches, whose tiles land by bulk copies: raw fp8_ds_mla tiles (a 16-bit q)
-// and converted ones (a bf16 q over fp8_e4m3) one copy per run of a page's slots in a tile, raw
-// e4m3 tiles (an fp8 q; rows padded to 592 bytes) one per key. Pages of 1, 16, 24, 64 and 128
-// slots, lengths ending mid-tile and mid-page over NaN-poisoned slots (the keys past a segment are
-// zeroed, not copied), and a strided cache whose slots are not contiguous (one copy per key).
+// 16-row CTAs over fp8 caches: raw fp8_ds_mla tiles (a 16-bit q), which land by bulk copies (one
+// per run of a page's slots in a tile, one per key when the slots are not contiguous; the keys past
+// a segment are zeroed, not copied), raw e4m3 tiles (an fp8 q) and converted ones (a bf16 q over
+// fp8_e4m3), both by cp.async. Pages of 1, 16, 24, 64 and 128 slots, lengths ending mid-tile and
+// mid-page over NaN-poisoned slots, and a strided cache whose slots are not contiguous.
 TEST(MlaDecodeCuda, SixteenRowTilesOverFp8PageShapes) {
   MLAKIT_SKIP_WITHOUT_GPU();
   uint64_t stream = 1300;
   for (int64_t bs : {1, 16, 24, 64, 128}) {
     for (int64_t cache_pad : {0, 16}) {
-      for (Case c : fp8_bulk_copy_cases({1000, 130, 0, 64, 2, 127, 200}, bs, cache_pad)) {
+      for (Case c : fp8_page_shape_cases({1000, 130, 0, 64, 2, 127, 200}, bs, cache_pad)) {
         c.out_dtype = DType::kBF16;
         check_case(c, stream++, {0, 5});
       }

@@ -1009,17 +1009,17 @@ TEST(MlaDecodeEmulated, RawDsMlaRangesOfQAndScales) {
   }
 }
 
-// fp8 tiles land by bulk copies: raw fp8_ds_mla tiles (a 16-bit q) one per run of a page's slots in
-// a tile, raw e4m3 tiles (an fp8 q; rows padded to 592 bytes) one per key, converted tiles (a bf16
-// q over fp8_e4m3) one per run. Pages of 1, 24 and 128 slots, lengths ending mid-tile and mid-page
-// (the keys past a segment are zeroed by the threads over the NaN-initialized shared memory), a
-// strided cache whose slots are not contiguous (one copy per key), and a block id outside the
-// cache inside a run (its keys zeroed, not read).
-TEST(MlaDecodeEmulated, Fp8BulkCopiesOverEveryPageShape) {
+// The 16-row fp8 paths over every page shape: raw fp8_ds_mla tiles (a 16-bit q) land by bulk
+// copies, one per run of a page's slots in a tile (one per key when the slots are not contiguous),
+// raw e4m3 tiles (an fp8 q) and converted ones (a bf16 q over fp8_e4m3) by cp.async. Pages of 1, 24
+// and 128 slots, lengths ending mid-tile and mid-page (the keys past a segment are zeroed by the
+// threads over the NaN-initialized shared memory), a strided cache whose slots are not contiguous,
+// and a block id outside the cache inside a run of fp8_ds_mla keys (zeroed, not read).
+TEST(MlaDecodeEmulated, Fp8PagesOfEveryShape) {
   uint64_t stream = 1500;
   for (int64_t bs : {1, 24, 128}) {
     for (int64_t cache_pad : {0, 16}) {
-      for (const Case& c : fp8_bulk_copy_cases({150, 0, 65, 2}, bs, cache_pad)) {
+      for (const Case& c : fp8_page_shape_cases({150, 0, 65, 2}, bs, cache_pad)) {
         check_case(c, stream++, balanced({1, 3}));
       }
     }

@@ -161,12 +161,12 @@ inline void write_entry(const Case& c, uint8_t* entry, const std::vector<float>&
   }
 }
 
-// The three 16-row fp8 paths whose tiles land by bulk copies (docs/kernels/decode_sm90.md): raw
-// fp8_ds_mla tiles (a 16-bit q; f16 for odd page sizes, bf16 otherwise, the rope in q's dtype), raw
-// e4m3 tiles (an fp8 q over fp8_e4m3, both scales set) and converted ones (a bf16 q over
-// fp8_e4m3), over pages of `block_size` slots with `cache_pad` extra bytes per slot.
-inline std::vector<Case> fp8_bulk_copy_cases(std::vector<int32_t> seq_lens, int64_t block_size,
-                                             int64_t cache_pad) {
+// The three 16-row fp8 paths (docs/kernels/decode_sm90.md): raw fp8_ds_mla tiles (a 16-bit q; f16
+// for odd page sizes, bf16 otherwise, the rope in q's dtype; bulk copies), raw e4m3 tiles (an fp8
+// q over fp8_e4m3, both scales set) and converted ones (a bf16 q over fp8_e4m3), over pages of
+// `block_size` slots with `cache_pad` extra bytes per slot.
+inline std::vector<Case> fp8_page_shape_cases(std::vector<int32_t> seq_lens, int64_t block_size,
+                                              int64_t cache_pad) {
   Case ds_mla;
   ds_mla.seq_lens = std::move(seq_lens);
   ds_mla.kv_dtype = KvCacheDType::kFp8DsMla;

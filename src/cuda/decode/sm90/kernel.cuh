@@ -6,9 +6,8 @@
 // (work_plan.hpp, written by the plan kernel) one after another; a segment is a range of 64-key
 // tiles of one request. Per 64-key tile:
 //   copy    cp.async of the 64 cache entries (page ids from the block table) into a ring stage,
-//           kTilesAhead tiles ahead (bf16 / f16 caches), or one bulk copy per run of a page's slots
-//           (per key when the rows are padded) onto the stage's mbarrier (fp8 caches); keys past
-//           the chunk are zero-filled, never read;
+//           kTilesAhead tiles ahead, or for raw fp8_ds_mla tiles one bulk copy per run of a page's
+//           slots onto the stage's mbarrier; keys past the chunk are zero-filled, never read;
 //   convert (fp8 formats) raw entries -> a 16-bit tile in shared memory; not for an fp8 q over
 //           fp8_e4m3, whose raw tile each warp converts in registers (kernel_e4m3.cuh);
 //   scores  S = q K^T with mma.sync m16n8k16 (f32 accumulators), every row reading the same tile;
@@ -37,9 +36,9 @@ namespace mlakit::cuda::decode_sm90 {
 
 // ---- fp8 -> 16-bit conversion of a landed raw tile ----------------------------------------------
 
-// raw [64][kStageRowBytes] -> conv [64][1152] swizzled. Thread t converts key t / 4: raw 16-byte
-// chunks t % 4 + 4 j (16 e4m3 values -> converted chunks 2 c and 2 c + 1). A fixed key per thread
-// keeps the addresses at a base plus immediates (a unit-per-thread mapping spent more integer
+// raw [64][kRawEntry] -> conv [64][1152] swizzled. Thread t converts key t / 4: raw 16-byte chunks
+// t % 4 + 4 j (16 e4m3 values -> converted chunks 2 c and 2 c + 1). A fixed key per thread keeps
+// the addresses at a base plus immediates (a unit-per-thread mapping spent more integer
 // instructions on u / 72, u % 72 and the swizzle than on the conversion: docs/perf-notes.md), and
 // the 4 threads of a key read 64 contiguous bytes (conflict-free 128-bit loads for fp8_e4m3's
 // 576-byte rows).
@@ -50,7 +49,7 @@ __device__ __forceinline__ void convert_tile(const uint8_t* raw, uint8_t* conv) 
   static_assert(kThreadsPerKey == 4, "the chunk mapping below is written for 4 threads per key");
   const int key = static_cast<int>(threadIdx.x) / kThreadsPerKey;
   const int lane = static_cast<int>(threadIdx.x) % kThreadsPerKey;
-  const uint8_t* entry = raw + key * Cfg::kStageRowBytes;
+  const uint8_t* entry = raw + key * Cfg::kRawEntry;
   // Converted chunk 8 j + i (i < 8) of this key sits at 128 j + ((i ^ (key % 8)) << 4): the low
   // three bits of a chunk index are the swizzled ones (swizzled<kRowBytes>).
   uint8_t* row = conv + key * kRowBytes;

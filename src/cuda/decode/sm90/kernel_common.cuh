@@ -459,8 +459,7 @@ __device__ __forceinline__ void copy_tile_in_bulk(const DecodeKernelParams& p, c
                                                   int tile, const int (&pages)[Cfg::kLoadPasses],
                                                   uint8_t* stage, uint32_t mbar, bool& bad) {
   const int lane_chunk = static_cast<int>(threadIdx.x) % Cfg::kThreadsPerKey;
-  const bool contiguous =
-      Cfg::kStageRowBytes == Cfg::kRawEntry && p.cache_stride_slot_bytes == Cfg::kRawEntry;
+  const bool contiguous = p.cache_stride_slot_bytes == Cfg::kRawEntry;
   uint32_t bytes = 0;  // this thread's bulk copies
   bool zeroed = false;
 #pragma unroll

@@ -15,7 +15,7 @@
 //          epilogue's factor.
 // 656-byte rows need no swizzle: 656 / 16 = 41 is odd, so the 16-byte chunks of 8 consecutive keys
 // fall in 8 distinct bank groups for every ldmatrix phase. A NaN scale makes the key's scores and
-// P NaN, hence its rows'; keys past the segment are zeroed (scales 0).
+// P NaN, hence its rows'; keys past the segment are zero-filled by the copies (scales 0).
 #pragma once
 
 #include <cmath>
@@ -158,7 +158,7 @@ __device__ __forceinline__ void load_score_key_scales(const uint8_t* tile, int k
   for (int i = 0; i < 2; ++i) {
     const int key = key_group * Cfg::kKeysPerWarp + 2 * tq + i;
     key_scales[i] =
-        *reinterpret_cast<const float4*>(tile + key * Cfg::kStageRowBytes + kDsMlaScaleOffset);
+        *reinterpret_cast<const float4*>(tile + key * Cfg::kRawEntry + kDsMlaScaleOffset);
   }
 }
 
@@ -171,7 +171,7 @@ __device__ __forceinline__ float ds_mla_value_scales(const uint8_t* tile, int wa
   const int lane = threadIdx.x & 31, tq = lane & 3;
   const int group = warp / (kWarps / kDsMlaGroups);  // 2 warps (128 columns) per scale group
   auto scale_of = [&](int key) {
-    return *reinterpret_cast<const float*>(tile + key * Cfg::kStageRowBytes + kDsMlaScaleOffset +
+    return *reinterpret_cast<const float*>(tile + key * Cfg::kRawEntry + kDsMlaScaleOffset +
                                            4 * group);
   };
   float max_abs = fmaxf(fabsf(scale_of(lane)), fabsf(scale_of(lane + 32)));

@@ -1,6 +1,5 @@
 // The two products of the mma.sync decode kernel (kernel.cuh) for an fp8 q over an fp8_e4m3 cache
-// (Config<rows, kFp8E4m3, RawE4m3Mma>): the raw tile is read in place (rows padded to 592 bytes,
-// Config::kStageRowBytes) and each warp
+// (Config<rows, kFp8E4m3, RawE4m3Mma>): the raw tile is read in place (e4m3_swizzled) and each warp
 // converts the fragments it loads in registers (e4m3 -> f16 is exact), so no tile is converted in
 // shared memory and no barrier waits for a conversion (docs/kernels/decode_sm90.md, "raw e4m3").
 //   scores  S = q K^T in f16: ldmatrix of raw K rows hands lane (g, t) the bytes of dims 4 t ..

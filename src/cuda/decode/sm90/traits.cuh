@@ -47,6 +47,14 @@ __host__ __device__ constexpr uint32_t swizzled(int row, int chunk) {
   return static_cast<uint32_t>(row * kRowBytes + ((chunk ^ (row & 7)) << 4));
 }
 
+// Byte offset of 16-byte chunk `chunk` of key `row` in a tile of raw e4m3 rows (576 bytes, 36
+// chunks: not whole 128-byte groups). Chunks are XOR-permuted within aligned groups of 4 by
+// (row / 2) % 4: an ldmatrix phase (same chunk of 8 consecutive rows) then meets 8 different
+// 16-byte bank groups, since odd rows start half a 128-byte line (4 chunks) later.
+__host__ __device__ constexpr uint32_t e4m3_swizzled(int row, int chunk) {
+  return static_cast<uint32_t>(row * kDimQK + ((chunk ^ ((row >> 1) & 3)) << 4));
+}
+
 template <CacheFormat F>
 inline constexpr int kRawEntryBytes = 0;
 template <>
@@ -87,16 +95,10 @@ struct Config : TileCopy<kFormat_> {
   // place likewise, its scales applied to the scores and to P.
   static constexpr bool kRawDsMla = kIsRawDsMla<Element>;
   static constexpr bool kConvert = Copy::kConvert && !kRawE4m3 && !kRawDsMla;  // a pass per tile
-  // fp8 stages hold the entries unswizzled, so they land by bulk copies (one per run of a page's
-  // consecutive slots, or per key) instead of 36-41 16-byte cp.async per entry; each ring stage's
-  // bulk copies complete on its own mbarrier (kernel_common.cuh).
-  static constexpr bool kBulkCopies = kFormat != CacheFormat::kNative;
-  // Bytes from one key's row of a ring stage to the next. ldmatrix reads 8 consecutive keys at
-  // the same chunk, which must fall in 8 different 16-byte bank groups, i.e. an odd number of
-  // chunks per row: 656-byte fp8_ds_mla entries (41 chunks) as stored; raw e4m3 rows read in place
-  // padded from 576 bytes (36 chunks) to 592 (37); converted stages are read by convert_tile only.
-  static constexpr int kStageRowBytes = kRawE4m3 ? kRawEntry + 16 : kRawEntry;
-  static constexpr int kStageBytes = align128(kBlockN * kStageRowBytes);
+  // Raw fp8_ds_mla stages hold the entries as global memory does (656-byte rows, no swizzle), so a
+  // run of a page's consecutive slots lands in one bulk copy instead of 41 16-byte cp.async per
+  // entry; each ring stage's bulk copies complete on its own mbarrier (kernel_common.cuh).
+  static constexpr bool kBulkCopies = kRawDsMla;
   // With 16 rows every warp needs all of q for its scores; holding q's 36 A fragments in registers
   // (144 per thread) saves re-reading 18 KiB of shared memory per warp per tile. With 64 rows the
   // O accumulator takes 128 registers per thread and q stays in shared memory.
@@ -128,10 +130,11 @@ struct Config : TileCopy<kFormat_> {
   static constexpr int kBarrierBytes = kBulkCopies ? 128 : 0;
   static constexpr int kFixedBytes =
       kConvBytes + kQBytes + kPBytes + 2 * kKeyGroupStatBytes + 2 * kRowStatBytes + kBarrierBytes;
-  static constexpr int kStages = std::min(kMaxStages, (kSmemLimit - kFixedBytes) / kStageBytes);
+  static constexpr int kStages =
+      std::min(kMaxStages, (kSmemLimit - kFixedBytes) / align128(kRawTileBytes));
 
-  static constexpr int kRawOffset = 0;  // [kStages][kStageBytes]
-  static constexpr int kConvOffset = kRawOffset + kStages * kStageBytes;
+  static constexpr int kRawOffset = 0;  // [kStages][kRawTileBytes]
+  static constexpr int kConvOffset = kRawOffset + kStages * align128(kRawTileBytes);
   static constexpr int kQOffset = kConvOffset + kConvBytes;  // [kBlockM][1152] swizzled
   static constexpr int kPOffset = kQOffset + kQBytes;        // [kBlockM][128] swizzled
   static constexpr int kRowMaxOffset = kPOffset + kPBytes;   // f32 [kKeyGroups][kBlockM]
@@ -143,7 +146,7 @@ struct Config : TileCopy<kFormat_> {
 
   // The ring stage of a segment's tile `tile`, and the mbarrier its bulk copies complete on.
   __host__ __device__ static constexpr int raw_stage_offset(int tile) {
-    return kRawOffset + (tile % kStages) * kStageBytes;
+    return kRawOffset + (tile % kStages) * align128(kRawTileBytes);
   }
   __host__ __device__ static constexpr int stage_barrier_offset(int tile) {
     return kBarrierOffset + 8 * (tile % kStages);
@@ -162,7 +165,7 @@ struct Config : TileCopy<kFormat_> {
   static_assert(kQInRegisters == (kScoreTiles == 1), "q-in-registers path loads one n8 tile");
   static_assert(kTilesAhead >= 1, "at least one tile must be in flight during compute");
   static_assert(kConvert || kStages >= 2, "native tiles need a second stage to copy into");
-  static_assert(kConvert || !kQInRegisters || kBlockM * kRowBytes <= kStageBytes,
+  static_assert(kConvert || !kQInRegisters || kBlockM * kRowBytes <= kRawTileBytes,
                 "q is staged in the last ring stage before it moves to registers");
   static_assert(!kRawE4m3 || kFormat == CacheFormat::kFp8E4m3, "raw e4m3 tiles are fp8_e4m3");
   static_assert(!kRawDsMla || (kFormat == CacheFormat::kFp8DsMla && kBlockM == 16),
@@ -176,10 +179,13 @@ struct Config : TileCopy<kFormat_> {
     return swizzled<kRowBytes>(row, chunk);
   }
   // Byte offset of chunk `chunk` of key `key` in a raw ring stage: native tiles are the MMA
-  // operand (swizzled), fp8 stages plain rows kStageRowBytes apart.
+  // operand, raw e4m3 tiles are read in place with their own swizzle, converted stages are plain
+  // rows that only the conversion reads.
   __host__ __device__ static constexpr uint32_t raw_offset(int key, int chunk) {
-    if constexpr (kBulkCopies) {
-      return static_cast<uint32_t>(key * kStageRowBytes + chunk * 16);
+    if constexpr (kConvert || kRawDsMla) {  // 656-byte rows: 8 consecutive keys hit 8 bank groups
+      return static_cast<uint32_t>(key * kRawEntry + chunk * 16);
+    } else if constexpr (kRawE4m3) {
+      return e4m3_swizzled(key, chunk);
     } else {
       return operand_offset(key, chunk);
     }
