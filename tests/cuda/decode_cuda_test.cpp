@@ -410,9 +410,10 @@ TEST(MlaDecodeCuda, SixtyFourRowTilesOverFp8DsMlaCaches) {
 
 // 16-row CTAs over fp8 caches: raw fp8_ds_mla tiles (a 16-bit q), which land by bulk copies (one
 // per run of a page's slots in a tile, one per key when the slots are not contiguous; the keys past
-// a segment are zeroed, not copied), raw e4m3 tiles (an fp8 q) and converted ones (a bf16 q over
-// fp8_e4m3), both by cp.async. Pages of 1, 16, 24, 64 and 128 slots, lengths ending mid-tile and
-// mid-page over NaN-poisoned slots, and a strided cache whose slots are not contiguous.
+// a segment are zeroed, not copied), raw e4m3 tiles (an fp8 or a 16-bit q) and converted ones (an
+// f32 q over fp8_e4m3), both by cp.async. Pages of 1, 16, 24, 64 and 128 slots, lengths ending
+// mid-tile and mid-page over NaN-poisoned slots, and a strided cache whose slots are not
+// contiguous.
 TEST(MlaDecodeCuda, SixteenRowTilesOverFp8PageShapes) {
   MLAKIT_SKIP_WITHOUT_GPU();
   uint64_t stream = 1300;

@@ -486,6 +486,7 @@ struct F16Mma {
   }
 };
 struct RawE4m3Mma : F16Mma {};
+struct RawE4m3Q16Mma : F16Mma {};
 template <class Rope>
 struct RawDsMlaMma : F16Mma {
   using RopeMma = Rope;
@@ -551,6 +552,11 @@ void run_decode_format(const cuda::decode_sm90::LaunchPlan& plan) {
   if constexpr (kFormat == sm90::CacheFormat::kFp8E4m3) {
     if (plan.raw_e4m3) {
       run_decode_rows<kFormat, sm90::RawE4m3Mma>(plan);
+      return;
+    }
+    if (plan.raw_e4m3_q16) {  // 16 rows only
+      run_grid(sm90::mla_decode_sm90_kernel<sm90::Config<16, kFormat, sm90::RawE4m3Q16Mma>>,
+               plan.decode, plan.decode_ctas);
       return;
     }
   }
@@ -978,43 +984,47 @@ TEST(MlaDecodeEmulated, DsMlaCache) {
   check_case(f16, 501, balanced({1}));
 }
 
-// Raw fp8_ds_mla tiles (16 rows, a 16-bit q): a bf16 q past f16's range (|q| up to ~1e5, the
-// rows' power-of-two factors bring it into f16), rows of very different magnitudes (one row's NoPE
-// dims scaled by 2^-40), and keys whose tile scales differ by up to 2^8 from token to token (the
-// value-scale bound m changes from tile to tile), against the oracle.
-TEST(MlaDecodeEmulated, RawDsMlaRangesOfQAndScales) {
-  for (DType dtype : {DType::kBF16, DType::kF16}) {
-    Case c;
-    c.kv_dtype = KvCacheDType::kFp8DsMla;
-    c.q_dtype = c.cache_dtype = c.out_dtype = dtype;
-    c.seq_lens = {150, 70};
-    ASSERT_TRUE(c.raw_ds_mla());
-    auto rng = test::make_rng(dtype == DType::kBF16 ? 1400 : 1401);
-    std::vector<RequestValues> requests;
-    for (int32_t len : c.seq_lens) requests.push_back(random_request(c, len, rng));
-    for (RequestValues& r : requests) {
-      for (int64_t row = 0; row < c.s_q * c.heads; ++row) {
-        // bf16: rows up to 3e4 x N(0, 1); f16 must stay in its range: 30 at most
-        const float magnitude = row == 1                ? std::ldexp(1.0f, -40)
-                                : dtype == DType::kBF16 ? 3e4f
-                                                        : 30.0f;
-        for (int64_t i = 0; i < kDim; ++i) r.q[row * kDim + i] *= i < kRank ? magnitude : 1.0f;
+// Raw tiles of both fp8 formats under a 16-bit q (16 rows): a bf16 q past f16's range (|q| up to
+// ~1e5, the rows' power-of-two factors bring it into f16), rows of very different magnitudes (one
+// row's NoPE dims scaled by 2^-40), and keys whose magnitudes differ by up to 2^8 from token to
+// token (fp8_ds_mla: the tile scales, so the value-scale bound m changes from tile to tile),
+// against the oracle.
+TEST(MlaDecodeEmulated, RawTilesRangesOfQAndScales) {
+  uint64_t stream = 1400;
+  for (KvCacheDType kv : {KvCacheDType::kFp8DsMla, KvCacheDType::kFp8E4m3})
+    for (DType dtype : {DType::kBF16, DType::kF16}) {
+      Case c;
+      c.kv_dtype = kv;
+      c.q_dtype = c.cache_dtype = c.out_dtype = dtype;
+      c.seq_lens = {150, 70};
+      ASSERT_TRUE(c.raw_ds_mla() || kv == KvCacheDType::kFp8E4m3);
+      auto rng = test::make_rng(stream++);
+      std::vector<RequestValues> requests;
+      for (int32_t len : c.seq_lens) requests.push_back(random_request(c, len, rng));
+      for (RequestValues& r : requests) {
+        for (int64_t row = 0; row < c.s_q * c.heads; ++row) {
+          // bf16: rows up to 3e4 x N(0, 1); f16 must stay in its range: 30 at most
+          const float magnitude = row == 1                ? std::ldexp(1.0f, -40)
+                                  : dtype == DType::kBF16 ? 3e4f
+                                                          : 30.0f;
+          for (int64_t i = 0; i < kDim; ++i) r.q[row * kDim + i] *= i < kRank ? magnitude : 1.0f;
+        }
+        for (int32_t s = 0; s < r.seq_len; ++s) {
+          const float spread = std::ldexp(1.0f, (s * 7) % 9 - 4);  // 2^-4 .. 2^4
+          for (int64_t i = 0; i < kRank; ++i) r.keys[s * kDim + i] *= spread;
+        }
       }
-      for (int32_t s = 0; s < r.seq_len; ++s) {
-        const float spread = std::ldexp(1.0f, (s * 7) % 9 - 4);  // 2^-4 .. 2^4
-        for (int64_t i = 0; i < kRank; ++i) r.keys[s * kDim + i] *= spread;
-      }
+      check_inputs(c, batch_inputs(c, requests, rng), balanced({1, 3}));
     }
-    check_inputs(c, batch_inputs(c, requests, rng), balanced({1, 3}));
-  }
 }
 
 // The 16-row fp8 paths over every page shape: raw fp8_ds_mla tiles (a 16-bit q) land by bulk
 // copies, one per run of a page's slots in a tile (one per key when the slots are not contiguous),
-// raw e4m3 tiles (an fp8 q) and converted ones (a bf16 q over fp8_e4m3) by cp.async. Pages of 1, 24
-// and 128 slots, lengths ending mid-tile and mid-page (the keys past a segment are zeroed by the
-// threads over the NaN-initialized shared memory), a strided cache whose slots are not contiguous,
-// and a block id outside the cache inside a run of fp8_ds_mla keys (zeroed, not read).
+// raw e4m3 tiles (an fp8 or a 16-bit q) and converted ones (an f32 q over fp8_e4m3) by cp.async.
+// Pages of 1, 24 and 128 slots, lengths ending mid-tile and mid-page (the keys past a segment are
+// zeroed by the threads over the NaN-initialized shared memory), a strided cache whose slots are
+// not contiguous, and a block id outside the cache inside a run of fp8_ds_mla keys (zeroed, not
+// read).
 TEST(MlaDecodeEmulated, Fp8PagesOfEveryShape) {
   uint64_t stream = 1500;
   for (int64_t bs : {1, 24, 128}) {

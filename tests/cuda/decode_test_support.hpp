@@ -161,10 +161,11 @@ inline void write_entry(const Case& c, uint8_t* entry, const std::vector<float>&
   }
 }
 
-// The three 16-row fp8 paths (docs/kernels/decode_sm90.md): raw fp8_ds_mla tiles (a 16-bit q; f16
-// for odd page sizes, bf16 otherwise, the rope in q's dtype; bulk copies), raw e4m3 tiles (an fp8
-// q over fp8_e4m3, both scales set) and converted ones (a bf16 q over fp8_e4m3), over pages of
-// `block_size` slots with `cache_pad` extra bytes per slot.
+// The four 16-row fp8 paths (docs/kernels/decode_sm90.md): raw fp8_ds_mla tiles (a 16-bit q; f16
+// for odd page sizes, bf16 otherwise, the rope in q's dtype; bulk copies), raw e4m3 tiles under
+// an fp8 q (both scales set) and under a 16-bit q (q's dtype as for fp8_ds_mla), and converted
+// ones (an f32 q over fp8_e4m3), over pages of `block_size` slots with `cache_pad` extra bytes per
+// slot.
 inline std::vector<Case> fp8_page_shape_cases(std::vector<int32_t> seq_lens, int64_t block_size,
                                               int64_t cache_pad) {
   Case ds_mla;
@@ -180,9 +181,11 @@ inline std::vector<Case> fp8_page_shape_cases(std::vector<int32_t> seq_lens, int
   raw_e4m3.cache_dtype = DType::kBF16;
   raw_e4m3.q_scale = 2.0f;
   raw_e4m3.k_scale = 0.5f;
+  Case raw_e4m3_q16 = raw_e4m3;
+  raw_e4m3_q16.q_dtype = ds_mla.q_dtype;
   Case converted = raw_e4m3;
-  converted.q_dtype = DType::kBF16;
-  return {ds_mla, raw_e4m3, converted};
+  converted.q_dtype = DType::kF32;
+  return {ds_mla, raw_e4m3, raw_e4m3_q16, converted};
 }
 
 // seq_lens count the s_q new tokens too, so a request has 0 or at least s_q keys: a drawn length

@@ -199,8 +199,8 @@ __device__ __forceinline__ void decode_segment(const DecodeKernelParams& p, cons
   float l_run[2] = {0.0f, 0.0f};            // this thread's share of the running sum
 
   uint32_t q_frags[Cfg::kQInRegisters ? kDimQK / 16 : 1][4];
-  // Raw fp8_ds_mla tiles: the rows' q factors undone on the scores, and O's unit (the last tile's
-  // value-scale bound m; 0 before the first tile).
+  // A 16-bit q over raw tiles: the rows' q factors undone on the scores; raw fp8_ds_mla tiles: O's
+  // unit (the last tile's value-scale bound m; 0 before the first tile).
   float q_row_unscale[2] = {1.0f, 1.0f};
   float o_unit = 0.0f;
   int next_pages[Cfg::kLoadPasses] = {};  // page ids of the next tile to copy
@@ -223,8 +223,8 @@ __device__ __forceinline__ void decode_segment(const DecodeKernelParams& p, cons
         load_q_tile_slow<Cfg>(p, w, staging);
       }
       __syncthreads();
-      if constexpr (Cfg::kRawDsMla) {  // NoPE dims to f16 x the row's factor, in raw order
-        prepare_ds_mla_q<Cfg>(p.q_dtype, staging, alpha_s);
+      if constexpr (Cfg::kRawQ16) {  // the raw dims to f16 x the row's factor, in raw order
+        prepare_raw_q<Cfg>(p.q_dtype, staging, alpha_s);
 #pragma unroll
         for (int h = 0; h < 2; ++h) q_row_unscale[h] = 1.0f / alpha_s[score_row[h]];
       }
@@ -291,6 +291,7 @@ __device__ __forceinline__ void decode_segment(const DecodeKernelParams& p, cons
         } else {
 #pragma unroll
           for (int c = 1; c < Cfg::kScoreChains; ++c) v += acc[c][nt][e];
+          if constexpr (Cfg::kRawQ16) v *= q_row_unscale[e >> 1];
         }
         const int pos = tile_start + key_group * Cfg::kKeysPerWarp + nt * 8 + 2 * tq + (e & 1);
         v = pos < row_end[e >> 1] ? v * score_scale_log2 : -INFINITY;

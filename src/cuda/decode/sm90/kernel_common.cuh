@@ -213,7 +213,9 @@ __device__ __forceinline__ uint4 load_q8(const DecodeKernelParams& p, int64_t of
 // kThreads.
 template <class Cfg>
 struct QTile {
-  static constexpr int kChunks = Cfg::kRawE4m3 ? kDimQK / 16 : kRowChunks;  // units per row
+  // units per row: an fp8 q over raw e4m3 tiles fetches 16 e4m3 values per unit
+  static constexpr bool kFp8Units = Cfg::kRawE4m3 && !Cfg::kRawQ16;
+  static constexpr int kChunks = kFp8Units ? kDimQK / 16 : kRowChunks;
   static constexpr int kUnits = Cfg::kBlockM * kChunks;
   static constexpr int kPerThread = (kUnits + kThreads - 1) / kThreads;  // 5 / 18 (raw: 3 / 9)
   // Units fetched before any is stored: 6 x 16 bytes = 24 registers in flight per thread, so 16
@@ -260,8 +262,8 @@ __device__ __forceinline__ void fetch_q_batch(const DecodeKernelParams& p, const
       const DivMod jn = fast_divmod(row, p.heads_div);  // (query, head)
       const int64_t offset = w.batch_index * p.q_stride_batch + jn.quotient * p.q_stride_query +
                              jn.remainder * p.q_stride_head +
-                             (u % Q::kChunks) * (Cfg::kRawE4m3 ? 16 : 8);
-      if constexpr (Cfg::kRawE4m3) {
+                             (u % Q::kChunks) * (Q::kFp8Units ? 16 : 8);
+      if constexpr (Q::kFp8Units) {
         raw[i] = __ldg(reinterpret_cast<const uint4*>(static_cast<const uint8_t*>(p.q) + offset));
       } else if (p.q_dtype == RuntimeDType::kFp8E4m3) {
         const uint2 v =
@@ -286,7 +288,7 @@ __device__ __forceinline__ void store_q_batch(const DecodeKernelParams& p, int f
   for (int i = 0; i < Q::kBatch; ++i) {
     const int u = static_cast<int>(threadIdx.x) + (first + i) * kThreads;
     if (first + i >= Q::kPerThread || u >= Q::kUnits) continue;
-    if constexpr (Cfg::kRawDsMla) {  // as fetched: prepare_ds_mla_q converts in place
+    if constexpr (Cfg::kRawQ16) {  // as fetched: prepare_raw_q converts in place
       *reinterpret_cast<uint4*>(dst + Cfg::operand_offset(u / Q::kChunks, u % Q::kChunks)) = raw[i];
       continue;
     }

@@ -1,7 +1,10 @@
-// The two products of the mma.sync decode kernel (kernel.cuh) for an fp8 q over an fp8_e4m3 cache
-// (Config<rows, kFp8E4m3, RawE4m3Mma>): the raw tile is read in place (e4m3_swizzled) and each warp
-// converts the fragments it loads in registers (e4m3 -> f16 is exact), so no tile is converted in
-// shared memory and no barrier waits for a conversion (docs/kernels/decode_sm90.md, "raw e4m3").
+// The two products of the mma.sync decode kernel (kernel.cuh) over raw fp8_e4m3 tiles, for an fp8
+// q (Config<rows, kFp8E4m3, RawE4m3Mma>) or a 16-bit q with 16 rows (RawE4m3Q16Mma: q in f16
+// times a per-row power of two, prepare_raw_q, undone on the scores): the raw tile is read in
+// place (e4m3_swizzled) and each warp converts the fragments it loads in registers (e4m3 -> f16 is
+// exact), so no tile is converted in shared memory and no barrier waits for a conversion
+// (docs/kernels/decode_sm90.md, "raw e4m3"). Also the 16-bit q preparation (q_row_factor,
+// prepare_raw_q) that the raw fp8_ds_mla tiles share.
 //   scores  S = q K^T in f16: ldmatrix of raw K rows hands lane (g, t) the bytes of dims 4 t ..
 //           4 t + 3 of a 16-dim chunk of key g; converted, they are the B fragments b0 = dims (4 t,
 //           4 t + 1), b1 = dims (4 t + 2, 4 t + 3), i.e. the MMA's k slots (2 t, 2 t + 1) and (2 t
@@ -17,12 +20,96 @@
 // K value once for the scores, 64 rows four times (four row groups share a key group).
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 
+#include "cuda/decode/sm90/kernel_common.cuh"
 #include "cuda/decode/sm90/ptx.cuh"
 #include "cuda/decode/sm90/traits.cuh"
 
 namespace mlakit::cuda::decode_sm90 {
+
+// 2^(14 - e) for the exponent e of `max_abs` (max_abs in [2^e, 2^(e+1))): the factor that puts a
+// row's largest |q| in [2^14, 2^15). 1 for 0; a NaN or infinite max_abs gives a tiny factor,
+// which leaves NaN and infinity as they are.
+__device__ __forceinline__ float q_row_factor(float max_abs) {
+  if (!(max_abs > 0.0f)) return 1.0f;  // 0 (or a NaN, which then stays NaN through the factor)
+  const int e =
+      min(max((static_cast<int>(__float_as_uint(max_abs) >> 23) & 0xff) - 127, -110), 127);
+  return __uint_as_float(static_cast<uint32_t>(127 + 14 - e) << 23);
+}
+
+// The q tile of a 16-bit q over raw tiles (Cfg::kRawQ16), staged as fetched (operand layout,
+// [16][576]) at `staging`, rewritten in place: the dims the raw e4m3 MMAs read (fp8_ds_mla: the 512
+// NoPE dims; fp8_e4m3: all 576) to f16 x the row's factor in raw_e4m3_dim_order; fp8_ds_mla's rope
+// units to the rope dtype. The factor puts the row's largest |value| among those dims in
+// [2^14, 2^15) (a bf16 q may exceed f16's range). `factors` ([16] f32, shared) receives the rows'
+// factors. Every thread of the CTA calls it; it ends with a barrier.
+template <class Cfg>
+__device__ __forceinline__ void prepare_raw_q(RuntimeDType q_dtype, uint8_t* staging,
+                                              float* factors) {
+  static_assert(Cfg::kRawQ16 && Cfg::kBlockM == 16, "16 rows of a 16-bit q over raw tiles");
+  constexpr int kRawUnits = Cfg::kRawDsMla ? 64 : kRowChunks;  // 8-value units the MMAs read raw
+  constexpr int kGroups = kRawUnits / 2;                       // 16-dim groups of them
+  constexpr int kThreadsPerRow = kThreads / 16;                // 16
+  const int t = static_cast<int>(threadIdx.x);
+  auto to_floats = [&](uint4 v, float(&f)[8]) {
+    const uint32_t w[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const auto lo = static_cast<uint16_t>(w[i]), hi = static_cast<uint16_t>(w[i] >> 16);
+      f[2 * i] = q_dtype == RuntimeDType::kBF16 ? __bfloat162float(__ushort_as_bfloat16(lo))
+                                                : __half2float(__ushort_as_half(lo));
+      f[2 * i + 1] = q_dtype == RuntimeDType::kBF16 ? __bfloat162float(__ushort_as_bfloat16(hi))
+                                                    : __half2float(__ushort_as_half(hi));
+    }
+  };
+  // 1. Each row's largest |value| among those dims: 16 threads per row, then the half-warp.
+  {
+    const int row = t / kThreadsPerRow, part = t % kThreadsPerRow;
+    float max_abs = 0.0f;
+#pragma unroll
+    for (int unit = part; unit < kRawUnits; unit += kThreadsPerRow) {
+      float f[8];
+      to_floats(*reinterpret_cast<const uint4*>(staging + Cfg::operand_offset(row, unit)), f);
+#pragma unroll
+      for (int k = 0; k < 8; ++k) max_abs = fmaxf(max_abs, fabsf(f[k]));
+    }
+#pragma unroll
+    for (int offset = kThreadsPerRow / 2; offset > 0; offset /= 2) {
+      max_abs = fmaxf(max_abs, __shfl_xor_sync(0xffffffffu, max_abs, offset));
+    }
+    if (part == 0) factors[row] = q_row_factor(max_abs);
+  }
+  __syncthreads();  // the factors are visible, and every thread has read its units
+  // 2. 16 rows x kGroups groups of 16 dims, two or three per thread; fp8_ds_mla's rope: 16 rows x
+  // 8 units.
+#pragma unroll
+  for (int item = t; item < 16 * kGroups; item += kThreads) {
+    const int row = item / kGroups, group = item % kGroups;
+    uint8_t* lo_unit = staging + Cfg::operand_offset(row, 2 * group);
+    uint8_t* hi_unit = staging + Cfg::operand_offset(row, 2 * group + 1);
+    float f[16];
+    to_floats(*reinterpret_cast<const uint4*>(lo_unit), *reinterpret_cast<float(*)[8]>(&f[0]));
+    to_floats(*reinterpret_cast<const uint4*>(hi_unit), *reinterpret_cast<float(*)[8]>(&f[8]));
+    const float factor = factors[row];
+    auto pack = [&](int a) { return F16Mma::pack(f[a] * factor, f[a + 1] * factor); };
+    // raw_e4m3_dim_order: lo holds dims 0 1 4 5 8 9 12 13, hi dims 2 3 6 7 10 11 14 15
+    const uint4 lo = make_uint4(pack(0), pack(4), pack(8), pack(12));
+    const uint4 hi = make_uint4(pack(2), pack(6), pack(10), pack(14));
+    *reinterpret_cast<uint4*>(lo_unit) = lo;
+    *reinterpret_cast<uint4*>(hi_unit) = hi;
+  }
+  if constexpr (Cfg::kRawDsMla) {
+    using Rope = typename Cfg::Element::RopeMma;
+    if (t < 16 * (kRowChunks - kRawUnits)) {
+      const int row = t / (kRowChunks - kRawUnits), unit = kRawUnits + t % (kRowChunks - kRawUnits);
+      auto* v = reinterpret_cast<uint4*>(staging + Cfg::operand_offset(row, unit));
+      *v = q16x8_as<Rope>(*v, q_dtype);
+    }
+  }
+  __syncthreads();  // the converted tile is complete
+}
 
 // The f16 B fragments (b0, b1) of one 16-dim chunk from a raw ldmatrix register (4 e4m3 dims).
 __device__ __forceinline__ void e4m3_key_pairs(uint32_t v, uint32_t& b0, uint32_t& b1) {

@@ -226,6 +226,11 @@ void launch_for_format(const LaunchPlan& plan, cudaStream_t stream) {
       launch_for_rows<kFormat, RawE4m3Mma>(plan, stream);
       return;
     }
+    if (plan.raw_e4m3_q16) {  // 16 rows only (plan_launch)
+      launch_decode_kernel<Config<kDecodeRowsSmall, kFormat, RawE4m3Q16Mma>>(
+          plan.decode, dim3(static_cast<unsigned>(plan.decode_ctas)), stream);
+      return;
+    }
   }
   if constexpr (kFormat == CacheFormat::kFp8DsMla) {
     if (plan.raw_ds_mla) {  // 16 rows only (plan_launch)
@@ -272,9 +277,13 @@ LaunchPlan plan_launch(const DecodeProblem& problem, const DecodeSchedule& sched
     case KvCacheDType::kFp8E4m3:
       plan.format = CacheFormat::kFp8E4m3;
       plan.bf16_mma = problem.q.dtype == DType::kBF16 || problem.q.dtype == DType::kF32;
-      // An fp8 q in 16-byte rows: the raw tiles are read in place (kernel_e4m3.cuh).
+      // An fp8 q in 16-byte rows, or a 16-bit one with 16 rows per CTA: the raw tiles are read in
+      // place (kernel_e4m3.cuh); an f32 q, or a 16-bit one with 64 rows, take converted tiles.
       plan.raw_e4m3 =
           plan.decode.q_dtype == RuntimeDType::kFp8E4m3 && plan.decode.q_rows_16b_aligned;
+      plan.raw_e4m3_q16 =
+          plan.rows_per_cta == kDecodeRowsSmall && plan.decode.q_rows_16b_aligned &&
+          (plan.decode.q_dtype == RuntimeDType::kBF16 || plan.decode.q_dtype == RuntimeDType::kF16);
       break;
     case KvCacheDType::kFp8DsMla:
       plan.format = CacheFormat::kFp8DsMla;

@@ -19,12 +19,13 @@ struct LaunchPlan {
   DecodeKernelParams decode;
   CombineParams combine;  // used when combine_ctas > 0
   CacheFormat format;
-  bool bf16_mma = true;      // MMA element type: bf16, else f16
-  bool raw_e4m3 = false;     // fp8 q over fp8_e4m3: RawE4m3Mma (f16 MMAs on the raw tiles)
-  bool raw_ds_mla = false;   // 16-bit q over fp8_ds_mla, 16 rows: RawDsMlaMma (raw tiles)
-  int rows_per_cta = 16;     // 16 or 64 (tile_shape.hpp)
-  int64_t decode_ctas = 0;   // 1-D grid of the decode kernel (parts x row tiles); 0: nothing to do
-  int64_t combine_ctas = 0;  // 1-D grid of the combine (combine.cuh); 0: no combine
+  bool bf16_mma = true;       // MMA element type: bf16, else f16
+  bool raw_e4m3 = false;      // fp8 q over fp8_e4m3: RawE4m3Mma (f16 MMAs on the raw tiles)
+  bool raw_e4m3_q16 = false;  // 16-bit q over fp8_e4m3, 16 rows: RawE4m3Q16Mma (raw tiles)
+  bool raw_ds_mla = false;    // 16-bit q over fp8_ds_mla, 16 rows: RawDsMlaMma (raw tiles)
+  int rows_per_cta = 16;      // 16 or 64 (tile_shape.hpp)
+  int64_t decode_ctas = 0;    // 1-D grid of the decode kernel (parts x row tiles); 0: nothing to do
+  int64_t combine_ctas = 0;   // 1-D grid of the combine (combine.cuh); 0: no combine
   bool combine_by_warps = false;  // a warp per (split request, row), else a CTA per row slice
 };
 

@@ -157,6 +157,10 @@ struct F16Mma {
 // plus two f16 MMAs.)
 struct RawE4m3Mma : F16Mma {};
 
+// The same MMAs over raw fp8_e4m3 tiles for a 16-bit q (16 rows): q in f16 times a per-row power
+// of two (prepare_raw_q, kernel_e4m3.cuh), undone on the scores.
+struct RawE4m3Q16Mma : F16Mma {};
+
 // f16 MMAs fed straight from raw fp8_ds_mla tiles (kernel_ds_mla.cuh) for a 16-bit q: the NoPE
 // scores as four per-scale-group chains over raw e4m3 K (scaled in f32 after the MMAs), the rope
 // chain in the rope dtype `Rope` (Bf16Mma or F16Mma), P V over raw e4m3 V with P scaled per key.

@@ -11,7 +11,8 @@
 
 namespace mlakit::cuda::decode_sm90 {
 
-struct RawE4m3Mma;  // ptx.cuh: f16 MMAs over raw fp8_e4m3 tiles (an fp8 q)
+struct RawE4m3Mma;     // ptx.cuh: f16 MMAs over raw fp8_e4m3 tiles (an fp8 q)
+struct RawE4m3Q16Mma;  // ptx.cuh: the same for a 16-bit q (16 rows)
 template <class Rope>
 struct RawDsMlaMma;  // ptx.cuh: f16 MMAs over raw fp8_ds_mla tiles (a 16-bit q, 16 rows)
 template <class E>
@@ -90,10 +91,15 @@ struct Config : TileCopy<kFormat_> {
   static constexpr int kBlockM = kBlockM_;  // query rows per CTA
   // An fp8 q over an fp8_e4m3 cache (kernel_e4m3.cuh): the raw tile is read in place and each warp
   // converts the K and V fragments it loads in registers; no tile is converted in shared memory.
-  static constexpr bool kRawE4m3 = std::is_same_v<Element, RawE4m3Mma>;
+  // A 16-bit q takes this path too with 16 rows (RawE4m3Q16Mma), prepared per row (kRawQ16).
+  static constexpr bool kRawE4m3 =
+      std::is_same_v<Element, RawE4m3Mma> || std::is_same_v<Element, RawE4m3Q16Mma>;
   // A 16-bit q over an fp8_ds_mla cache with 16 rows (kernel_ds_mla.cuh): the raw tile read in
   // place likewise, its scales applied to the scores and to P.
   static constexpr bool kRawDsMla = kIsRawDsMla<Element>;
+  // A 16-bit q over raw tiles (either fp8 format, 16 rows): staged as fetched, then its raw-order
+  // dims become f16 times a per-row power of two (prepare_raw_q, kernel_e4m3.cuh).
+  static constexpr bool kRawQ16 = kRawDsMla || std::is_same_v<Element, RawE4m3Q16Mma>;
   static constexpr bool kConvert = Copy::kConvert && !kRawE4m3 && !kRawDsMla;  // a pass per tile
   // Raw fp8_ds_mla stages hold the entries as global memory does (656-byte rows, no swizzle), so a
   // run of a page's consecutive slots lands in one bulk copy instead of 41 16-byte cp.async per
@@ -170,6 +176,7 @@ struct Config : TileCopy<kFormat_> {
   static_assert(!kRawE4m3 || kFormat == CacheFormat::kFp8E4m3, "raw e4m3 tiles are fp8_e4m3");
   static_assert(!kRawDsMla || (kFormat == CacheFormat::kFp8DsMla && kBlockM == 16),
                 "raw fp8_ds_mla tiles: 16 rows (q in registers)");
+  static_assert(!kRawQ16 || kBlockM == 16, "a 16-bit q over raw tiles: 16 rows (q in registers)");
   static_assert(kSmemBytes <= kSmemLimit, "shared-memory plan exceeds 227 KiB");
   static_assert(kStages * 8 <= kBarrierBytes || !kBulkCopies, "one mbarrier per stage");
   static_assert(!kBulkCopies || kRawEntry % 16 == 0, "bulk copies move whole 16-byte units");

@@ -46,6 +46,7 @@ struct WgmmaConfig {
   static constexpr int kColsPerWarpgroup = kDimV / kWarpgroups;
   static constexpr bool kRawE4m3 = false;   // q tile of 16-bit units, dims in order
   static constexpr bool kRawDsMla = false;  // (the 16-row raw fp8_ds_mla path is mma.sync only)
+  static constexpr bool kRawQ16 = false;    // (so is a 16-bit q over raw tiles)
   static constexpr CacheFormat kFormat = kFormat_;
   // fp8 caches: TMA lands a tile's raw e4m3 bytes in the upper part of its stage, and a third
   // warpgroup converts them in place, column block by column block, into the 16-bit operand tile
