@@ -9,7 +9,8 @@
 //           kTilesAhead tiles ahead, or for raw fp8_ds_mla tiles one bulk copy per run of a page's
 //           slots onto the stage's mbarrier; keys past the chunk are zero-filled, never read;
 //   convert (fp8 formats) raw entries -> a 16-bit tile in shared memory; not for an fp8 q over
-//           fp8_e4m3, whose raw tile each warp converts in registers (kernel_e4m3.cuh);
+//           fp8_e4m3, nor a 16-bit q with 16 rows over either fp8 format, whose raw tiles each
+//           warp converts in registers (kernel_e4m3.cuh, kernel_ds_mla.cuh);
 //   scores  S = q K^T with mma.sync m16n8k16 (f32 accumulators), every row reading the same tile;
 //   softmax online, per row, in log2 units; the tile max is exchanged between the warps that share
 //           a row through shared memory; P (16-bit) goes to shared memory;
@@ -243,7 +244,7 @@ __device__ __forceinline__ void decode_segment(const DecodeKernelParams& p, cons
 
   const float score_scale_log2 = score_factor<Cfg>(p, w);
   for (int t = 0; t < w.num_tiles; ++t) {
-    wait_tile_copies<Cfg>(smem, t, ring_phases);  // this thread's copies of tile t have landed
+    wait_tile_copies<Cfg>(smem, t, ring_phases);  // tile t landed (cp.async: this thread's part)
     __syncthreads();  // everyone's have; tile t - 1 is no longer read by anyone
     uint8_t* tile_data;
     if constexpr (Cfg::kConvert) {
