@@ -100,13 +100,12 @@ struct Case {
 
 // Host inputs plus the values the math sees, exactly and as E holds them.
 struct HostInputs {
-  Tensor q_storage;  // [B, s_q, N, 576 + q_pad]
-  TensorView q;      // [B, s_q, N, 576]
-  Tensor
-      cache_storage;   // [num_blocks, block_size, entry + cache_pad], NaN where nothing was written
-  TensorView cache;    // [num_blocks, block_size, entry]
-  Tensor block_table;  // i32 [B, W]; unused columns -1
-  Tensor seq_lens;     // i32 [B]
+  Tensor q_storage;      // [B, s_q, N, 576 + q_pad]
+  TensorView q;          // [B, s_q, N, 576]
+  Tensor cache_storage;  // [num_blocks, block_size, entry + cache_pad], NaN if never written
+  TensorView cache;      // [num_blocks, block_size, entry]
+  Tensor block_table;    // i32 [B, W]; unused columns -1
+  Tensor seq_lens;       // i32 [B]
   std::vector<double> q_exact, q_kernel;      // [B, s_q, N, 576]
   std::vector<std::vector<double>> k_exact;   // per request [seq_len, 576]
   std::vector<std::vector<double>> k_kernel;  // same, as E holds it
@@ -164,8 +163,8 @@ inline void write_entry(const Case& c, uint8_t* entry, const std::vector<float>&
 // The four 16-row fp8 paths (docs/kernels/decode_sm90.md): raw fp8_ds_mla tiles (a 16-bit q; f16
 // for odd page sizes, bf16 otherwise, the rope in q's dtype; bulk copies), raw e4m3 tiles under
 // an fp8 q (both scales set) and under a 16-bit q (q's dtype as for fp8_ds_mla), and converted
-// ones (an f32 q over fp8_e4m3), over pages of `block_size` slots with `cache_pad` extra bytes per
-// slot.
+// ones (an f32 q over fp8_e4m3), over pages of `block_size` slots with `cache_pad` extra elements
+// (bytes: fp8 caches are u8) per slot.
 inline std::vector<Case> fp8_page_shape_cases(std::vector<int32_t> seq_lens, int64_t block_size,
                                               int64_t cache_pad) {
   Case ds_mla;
