@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstdint>
 
+#include "cuda/common/fast_exp2.cuh"
 #include "cuda/common/pack.cuh"
 #include "cuda/common/quad.cuh"
 #include "cuda/prefill/params.cuh"
@@ -27,7 +28,10 @@ struct RowState {
 // Online softmax of one key tile of kScoreTiles n8 tiles, O left alone. score: raw Q K^T; on
 // return, probabilities 2^(score * scale_log2 - row max). key_limit[h]: keys of the tile (counted
 // from its first) row h sees; masking only when `masked`. rescale[h]: the factor O's row h must be
-// multiplied by (rescale_out) before this tile's P V is added.
+// multiplied by (rescale_out) before this tile's P V is added. The maximum is taken over the raw
+// scores (scale_log2 > 0: the same element as over the scaled ones) and the scale goes into the
+// exponent's FMA; fast_exp2 spares exp2f's compare and two multiplies per probability (the
+// probabilities are ~30 % of the prefill tile loop's instructions; docs/perf-notes.md).
 template <int kScoreTiles, class ScoreAt>
 __device__ __forceinline__ void softmax_scores(ScoreAt&& score, float scale_log2, bool masked,
                                                const int (&key_limit)[2], int lane, RowState& rows,
@@ -39,23 +43,21 @@ __device__ __forceinline__ void softmax_scores(ScoreAt&& score, float scale_log2
     for (int j = 0; j < kScoreTiles; ++j) {
 #pragma unroll
       for (int e = 0; e < 2; ++e) {
-        float x = score(j, 2 * h + e) * scale_log2;
-        if (masked && j * 8 + (lane % 4) * 2 + e >= key_limit[h]) x = -INFINITY;
-        score(j, 2 * h + e) = x;
-        tile_max = fmaxf(tile_max, x);
+        if (masked && j * 8 + (lane % 4) * 2 + e >= key_limit[h]) score(j, 2 * h + e) = -INFINITY;
+        tile_max = fmaxf(tile_max, score(j, 2 * h + e));
       }
     }
-    const float new_max = fmaxf(rows.max[h], quad_max(tile_max));
+    const float new_max = fmaxf(rows.max[h], quad_max(tile_max) * scale_log2);
     // A row that has seen only masked keys keeps max -inf; subtracting 0 then gives 2^-inf = 0.
     const float base = new_max == -INFINITY ? 0.0f : new_max;
-    rescale[h] = exp2f(rows.max[h] - base);  // 0 on the first tile (-inf - base)
+    rescale[h] = fast_exp2(rows.max[h] - base);  // 0 on the first tile (-inf - base)
     rows.max[h] = new_max;
     float sum = 0.0f;
 #pragma unroll
     for (int j = 0; j < kScoreTiles; ++j) {
 #pragma unroll
       for (int e = 0; e < 2; ++e) {
-        const float prob = exp2f(score(j, 2 * h + e) - base);
+        const float prob = fast_exp2(fmaf(score(j, 2 * h + e), scale_log2, -base));
         score(j, 2 * h + e) = prob;
         sum += prob;
       }

@@ -14,6 +14,7 @@
 #include <cstdint>
 
 #include "cuda/common/device_errors.hpp"
+#include "cuda/common/fast_exp2.cuh"
 #include "cuda/common/mbarrier.cuh"
 
 namespace mlakit::cuda::decode_sm90 {
@@ -71,13 +72,6 @@ __device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], uint32_t add
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
                : "r"(addr));
-}
-
-// 2^x with the SFU (max relative error 2^-22); 2^-inf = +0.
-__device__ __forceinline__ float fast_exp2(float x) {
-  float y;
-  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
-  return y;
 }
 
 // Two e4m3 values -> two f16 in one register (the lower byte in the low half); exact (e4m3 NaN
