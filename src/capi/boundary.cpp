@@ -133,7 +133,13 @@ TensorView to_view(const char* op, const char* name, const DLTensor* tensor) {
     }
   }
 
-  const auto address = reinterpret_cast<uintptr_t>(t.data) + t.byte_offset;
+  // A NULL data pointer stays NULL whatever byte_offset says (check_storage then refuses a view
+  // with elements): NULL + offset would be a small non-NULL address, read as the tensor's data.
+  if (t.data == nullptr) return view;
+  const auto base = reinterpret_cast<uintptr_t>(t.data);
+  uintptr_t address = 0;
+  require(!__builtin_add_overflow(base, t.byte_offset, &address), ErrorCode::kInvalidArgument, op,
+          ": ", name, " data + byte_offset (", t.byte_offset, ") wraps around the address space");
   require(address % static_cast<uintptr_t>(dtype_size(view.dtype)) == 0,
           ErrorCode::kInvalidArgument, op, ": ", name, " (data + byte_offset) must be aligned to ",
           dtype_size(view.dtype), " bytes, its element size");

@@ -91,6 +91,19 @@ static void test_errors(void) {
   CHECK_STATUS(mlakit_scaled_fp8_quant(&opencl, &opencl, 1.0f, NULL), MLAKIT_ERROR_UNSUPPORTED,
                "DLPack device type 4");
 
+  /* A NULL data pointer with a byte_offset: refused, never read at the address NULL + offset
+   * (it was, and crashed). An offset that wraps the address space is refused too. */
+  uint8_t codes[2] = {0, 0};
+  DLTensor t_codes = host_tensor(codes, kFp8, 1, shape);
+  DLTensor null_data = host_tensor(NULL, kF32, 1, shape);
+  null_data.byte_offset = 4096;
+  CHECK_STATUS(mlakit_scaled_fp8_quant(&null_data, &t_codes, 1.0f, NULL),
+               MLAKIT_ERROR_INVALID_ARGUMENT, "scaled_fp8_quant: input has no data pointer");
+  DLTensor wrapped = host_tensor(f, kF32, 1, shape);
+  wrapped.byte_offset = UINT64_MAX - 3;
+  CHECK_STATUS(mlakit_scaled_fp8_quant(&wrapped, &t_codes, 1.0f, NULL),
+               MLAKIT_ERROR_INVALID_ARGUMENT, "input data + byte_offset");
+
   /* Bad enumerations and strings. */
   int32_t parsed = -1;
   CHECK_STATUS(mlakit_parse_kv_cache_dtype("fp8_e5m2", &parsed), MLAKIT_ERROR_INVALID_ARGUMENT,
