@@ -51,8 +51,9 @@ Device to_device(const char* op, const char* name, DLDevice device);
 Device to_device(const char* op, const char* name, int32_t device_type, int32_t device_id);
 
 // A borrowed DLTensor as a TensorView (data + byte_offset, strides in elements, NULL strides =
-// dense). Throws kInvalidArgument for NULL, rank > 4, lanes != 1, unknown dtypes, negative sizes
-// or a misaligned address; kUnsupported for devices other than CPU, pinned host and CUDA.
+// dense; NULL data stays NULL whatever byte_offset is). Throws kInvalidArgument for NULL, rank > 4,
+// lanes != 1, unknown dtypes, negative sizes, a byte_offset that wraps the address space or a
+// misaligned address; kUnsupported for devices other than CPU, pinned host and CUDA.
 TensorView to_view(const char* op, const char* name, const DLTensor* tensor);
 // nullopt for NULL, else to_view().
 std::optional<TensorView> to_optional_view(const char* op, const char* name,
