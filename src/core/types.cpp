@@ -101,7 +101,9 @@ TensorView TensorView::narrow(int dim, int64_t start, int64_t length) const {
           ErrorCode::kInvalidArgument, "narrow(", dim, ", ", start, ", ", length,
           ") is out of range for size ", shape[d]);
   TensorView t = *this;
-  if (length > 0) t.data = element_ptr(start * strides[d]);
+  // A view without a data pointer keeps none: NULL + offset would be a small non-NULL address that
+  // the ops' "no data pointer" check lets through.
+  if (length > 0 && data != nullptr) t.data = element_ptr(start * strides[d]);
   t.shape[d] = length;
   return t;
 }

@@ -9,6 +9,7 @@
 #include "common/fp8_reference.hpp"
 #include "common/test_util.hpp"
 #include "mlakit/error.hpp"
+#include "mlakit/ops.hpp"
 #include "mlakit/types.hpp"
 
 namespace mlakit {
@@ -76,6 +77,12 @@ TEST(TensorView, NarrowTransposeReshape) {
                           "out of range for size 3");
   MLAKIT_EXPECT_THROW_MSG(t.view().narrow(1, 4, 0), "out of range for size 3");
   EXPECT_EQ(t.view().narrow(1, 3, 0).size(1), 0);
+  // A view without data stays without: narrowing it gave the address NULL + offset, which the
+  // ops took for data (fill_zero wrote there and crashed).
+  const TensorView no_data = TensorView::contiguous(nullptr, DType::kF32, {4, 3});
+  EXPECT_EQ(no_data.narrow(0, 2, 2).data, nullptr);
+  MLAKIT_EXPECT_THROW_MSG(ops::fill_zero(no_data.narrow(0, 2, 2)),
+                          "fill_zero: dst has no data pointer but 6 elements");
   MLAKIT_EXPECT_THROW_MSG(n.reshape({12}), "contiguous");
   EXPECT_EQ(t.view().reshape({12, 5}).size(0), 12);
 #ifndef MLAKIT_WITH_CUDA
