@@ -537,8 +537,8 @@ RequestScale add_request_scale(FuzzedDataProvider& in, Rng& rng, Call& c, const 
     }
   }
   const bool readable = s.backed && to_mlakit_dtype(s.dtype) == DType::kF32;
-  unsigned char* base = static_cast<unsigned char*>(s.tensor.data) + s.tensor.byte_offset;
-  if (readable) {
+  if (readable) {  // (an unbacked tensor's data may be NULL with an offset: no address to form)
+    unsigned char* base = static_cast<unsigned char*>(s.tensor.data) + s.tensor.byte_offset;
     for (size_t i = 0; i < offsets.size(); ++i) {
       std::memcpy(base + 4 * offsets[i], &drawn[i % drawn.size()], sizeof(float));
     }

@@ -188,6 +188,8 @@ inline void materialize(FuzzTensor& t, Rng& rng) {
   }
   if (!t.backed) {
     t.tensor.data = nullptr;
+    // A NULL data pointer given an offset too: the library must not read at NULL + offset.
+    if (t.null_data) t.tensor.byte_offset = 4096 + t.misalign;
     return;
   }
   t.bytes.assign(static_cast<size_t>(span_bytes + static_cast<int64_t>(t.misalign)), 0);
