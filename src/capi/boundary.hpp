@@ -7,6 +7,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <exception>
+#include <limits>
 #include <new>
 #include <optional>
 #include <string>
@@ -91,6 +92,14 @@ inline void require_pointer(const char* op, const char* name, const void* pointe
 inline void require_count(const char* op, const char* name, int64_t count) {
   detail::require(count >= 0, ErrorCode::kInvalidArgument, op, ": ", name, " must be >= 0, got ",
                   count);
+}
+
+// A request count that sizes a host query_start_loc of count + 1 int32 offsets: in
+// [0, 2^31 - 1], checked before any entry is read (count + 1 overflowed int64 for INT64_MAX).
+inline void require_request_count(const char* op, const char* name, int64_t count) {
+  require_count(op, name, count);
+  detail::require(count <= std::numeric_limits<int32_t>::max(), ErrorCode::kInvalidArgument, op,
+                  ": ", name, " must be at most 2147483647 (int32 offsets), got ", count);
 }
 
 }  // namespace mlakit::capi

@@ -9,6 +9,7 @@
 using mlakit::capi::guarded;
 using mlakit::capi::require_count;
 using mlakit::capi::require_pointer;
+using mlakit::capi::require_request_count;
 using mlakit::capi::to_kv_cache_dtype;
 using mlakit::capi::to_views;
 
@@ -132,7 +133,7 @@ MLAKIT_API mlakit_status_t mlakit_plan_mla_decode(const mlakit_decode_plan_shape
     plan_shape.batch_invariant = shape->batch_invariant != 0;
     std::span<const int32_t> lens;
     if (seq_lens != nullptr) {
-      require_count(kOp, "shape.batch", shape->batch);
+      require_request_count(kOp, "shape.batch", shape->batch);
       lens = std::span<const int32_t>(seq_lens, static_cast<size_t>(shape->batch));
     }
     auto handle = std::make_unique<mlakit_decode_schedule>();

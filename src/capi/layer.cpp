@@ -72,7 +72,7 @@ void init_config(mlakit_mla_config_t& config) {
 }
 
 ForwardBatch to_batch(const char* op, const mlakit_forward_batch_t& b) {
-  require_count(op, "batch.num_reqs", b.num_reqs);
+  require_request_count(op, "batch.num_reqs", b.num_reqs);
   require_pointer(op, "batch.query_start_loc", b.query_start_loc);
   if (b.num_reqs > 0) require_pointer(op, "batch.seq_lens", b.seq_lens);
   ForwardBatch batch;

@@ -10,6 +10,7 @@
 using mlakit::capi::guarded;
 using mlakit::capi::require_count;
 using mlakit::capi::require_pointer;
+using mlakit::capi::require_request_count;
 
 namespace {
 
@@ -54,7 +55,7 @@ MLAKIT_API mlakit_status_t mlakit_split_decodes_and_prefills(
   constexpr const char* kOp = "split_decodes_and_prefills";
   return guarded(kOp, [&] {
     require_pointer(kOp, "counts", counts);
-    require_count(kOp, "num_reqs", num_reqs);
+    require_request_count(kOp, "num_reqs", num_reqs);
     require_pointer(kOp, "query_start_loc", query_start_loc);  // num_reqs + 1 >= 1 entries
     *counts = to_c(mlakit::split_decodes_and_prefills(host_span(query_start_loc, num_reqs + 1),
                                                       num_actual_tokens, decode_threshold,
@@ -115,7 +116,7 @@ MLAKIT_API mlakit_status_t mlakit_make_plan(const int32_t* query_start_loc, cons
     require_pointer(kOp, "plan", plan);
     *plan = nullptr;
     require_pointer(kOp, "config", config);
-    require_count(kOp, "num_reqs", num_reqs);
+    require_request_count(kOp, "num_reqs", num_reqs);
     require_pointer(kOp, "query_start_loc", query_start_loc);
     if (num_reqs > 0) require_pointer(kOp, "seq_lens", seq_lens);
 

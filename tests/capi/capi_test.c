@@ -165,6 +165,26 @@ static void test_planner(void) {
                MLAKIT_OK, NULL);
   CHECK(length == 2 && cu[0] == 0 && cu[1] == 6);
   mlakit_plan_destroy(plan);
+
+  /* Request counts past int32 are refused before any entry is read: num_reqs + 1 overflowed
+   * int64 (INT64_MAX), and the lengths past the caller's arrays were read (a batch of 2^40 for
+   * plan_mla_decode crashed). */
+  CHECK_STATUS(mlakit_split_decodes_and_prefills(qsl, INT64_MAX, 5, 1, 0, &counts),
+               MLAKIT_ERROR_INVALID_ARGUMENT,
+               "split_decodes_and_prefills: num_reqs must be at most 2147483647");
+  CHECK_STATUS(mlakit_make_plan(qsl, seq_lens, INT64_MAX, 5, 3, &config, &plan),
+               MLAKIT_ERROR_INVALID_ARGUMENT, "make_plan: num_reqs must be at most 2147483647");
+  mlakit_decode_plan_shape_t shape;
+  memset(&shape, 0, sizeof(shape));
+  shape.device.device_type = kDLCPU;
+  shape.batch = (int64_t)1 << 40;
+  shape.s_q = 1;
+  shape.num_heads = 1;
+  shape.block_size = 16;
+  shape.max_seq_len = INT32_MAX;
+  mlakit_decode_schedule_t* schedule = NULL;
+  CHECK_STATUS(mlakit_plan_mla_decode(&shape, seq_lens, &schedule), MLAKIT_ERROR_INVALID_ARGUMENT,
+               "plan_mla_decode: shape.batch must be at most 2147483647");
 }
 
 /* merge_attn_states, T = 1, H = 2, D = 2. Head 0: prefix [1, 2] with lse 0, suffix [3, 5] with
