@@ -71,7 +71,9 @@ class MlaAttention {
   // fixed): k_scale = max|[kv_c_normed | k_pe]| / 200 over the first num_tokens rows (the whole
   // latent entry the cache quantizes, k_pe included), q_scale = max|[q_nope W_UK | q_pe]| / 200
   // (the absorbed decode query that is quantized, not the raw q). 200 maps the calibration batch's
-  // largest value to 200 of e4m3's 448, leaving 2.24x headroom. An all-zero input gives 1.
+  // largest value to 200 of e4m3's 448, leaving 2.24x headroom. An all-zero input gives 1; a scale
+  // below FLT_MIN (a maximum under 200 FLT_MIN, ~2.4e-36) is raised to FLT_MIN, the smallest
+  // normal float, so that it and its reciprocal stay finite and forward accepts it.
   // q: [T', N, P + R]; kv_c_normed: [T', L]; k_pe: [T', R] or [T', 1, R]. Reads the maxima on
   // the host (synchronizes) and allocates a [T, N, L] scratch: a calibration call, not for graphs.
   // Throws kInvalidArgument when an input holds NaN or infinity.

@@ -1,4 +1,6 @@
 // MlaAttention::calculate_kv_scales (spec A.2, F-36): dynamic fp8 scales from one batch.
+#include <algorithm>
+#include <cfloat>
 #include <cmath>
 
 #include "attention/inputs.hpp"
@@ -17,10 +19,15 @@ constexpr const char* kOp = "MlaAttention::calculate_kv_scales";
 // 2.24x below e4m3's largest value (448), headroom for later batches.
 constexpr float kScaleDivisor = 200.0f;
 
+// abs_max / 200, at least FLT_MIN; 1 for an all-zero input. Below 200 FLT_MIN (~2.4e-36) the
+// quotient would be subnormal (or 0): imprecise, and from ~2.9e-39 down its reciprocal, which the
+// fp8 quantization of q multiplies by, is infinite and the next forward refuses it. FLT_MIN, the
+// smallest normal float (the floor fp8_ds_mla's tile scales use), still maps the calibration
+// maximum into e4m3's range (below 200) and has a finite reciprocal.
 float scale_of(float abs_max, const char* what) {
   require(std::isfinite(abs_max), ErrorCode::kInvalidArgument, kOp, ": ", what,
           " holds NaN or infinity (max |x| = ", abs_max, ")");
-  return abs_max > 0.0f ? abs_max / kScaleDivisor : 1.0f;
+  return abs_max > 0.0f ? std::max(abs_max / kScaleDivisor, FLT_MIN) : 1.0f;
 }
 
 // max(a, b), NaN when either is NaN (std::fmax would drop it).

@@ -2,7 +2,9 @@
 // here in fp64 from the inputs and the layer's kv_b_proj.
 #include <gtest/gtest.h>
 
+#include <cfloat>
 #include <cmath>
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -10,6 +12,7 @@
 #include "mlakit/attention.hpp"
 #include "mlakit/error.hpp"
 #include "mlakit/ops.hpp"
+#include "mlakit/step.hpp"
 
 namespace mlakit::test {
 namespace {
@@ -113,6 +116,47 @@ TEST_F(KvScales, ZerosGiveOneAndNonFiniteInputsAreRejected) {
   MLAKIT_EXPECT_THROW_MSG(layer_->calculate_kv_scales(q_, kv_c_, k_pe_, kRows + 1),
                           "q.shape[0] must be at least 7");
   MLAKIT_EXPECT_THROW_MSG(layer_->calculate_kv_scales(q_, kv_c_, k_pe_, 0), "num_tokens");
+}
+
+TEST_F(KvScales, TinyInputsGiveAtLeastFltMinAndTheNextFp8ForwardRuns) {
+  // Maxima of 1e-37: / 200 is 5e-40, a subnormal whose reciprocal is infinite (the fp8 q
+  // quantization then refused q_scale). Both scales are floored to FLT_MIN instead.
+  const float tiny = 1e-37f;
+  const Tensor zq = Tensor::zeros({kRows, dims_.num_heads, dims_.qk_head_dim()}, DType::kF32);
+  const Tensor zkv = Tensor::zeros({kRows, dims_.kv_lora_rank}, DType::kF32);
+  const Tensor zpe = Tensor::zeros({kRows, dims_.qk_rope_head_dim}, DType::kF32);
+  // The absorbed query's maximum is q_pe's: q_nope is zero.
+  store_float(zq.view().data, DType::kF32, dims_.qk_nope_head_dim, -tiny);
+  store_float(zpe.view().data, DType::kF32, 1, tiny);
+  const ForwardScales s = layer_->calculate_kv_scales(zq, zkv, zpe, kRows);
+  EXPECT_EQ(s.q_scale, FLT_MIN);
+  EXPECT_EQ(s.k_scale, FLT_MIN);
+  // 400 FLT_MIN / 200 = 2 FLT_MIN, a normal float: the floor leaves it alone.
+  store_float(zpe.view().data, DType::kF32, 1, 400 * FLT_MIN);
+  EXPECT_FLOAT_EQ(layer_->calculate_kv_scales(zq, zkv, zpe, kRows).k_scale, 2 * FLT_MIN);
+
+  // One decode token of a one-token request, with the floored scales, through an fp8 cache.
+  constexpr int64_t kBlockSize = 4;  // one block holds the request's single key
+  const std::vector<int32_t> qsl = {0, 1}, seq_lens = {1};
+  Tensor table = Tensor::zeros({1, 1}, DType::kI32);
+  Tensor slots = Tensor::zeros({1}, DType::kI64);
+  Tensor cache = Tensor::zeros({1, kBlockSize, dims_.entry_dim()}, DType::kFp8E4m3);
+  Tensor out = nan_tensor({1, dims_.num_heads * dims_.v_head_dim}, DType::kF32);
+  MlaAttentionConfig cfg = cfg_;
+  cfg.block_size = kBlockSize;
+  MlaAttention layer(cfg, weight_);
+  ForwardBatch batch;
+  batch.query_start_loc = qsl;
+  batch.seq_lens = seq_lens;
+  batch.num_actual_tokens = 1;
+  batch.block_table = table;
+  batch.slot_mapping = slots;
+  store_float(zpe.view().data, DType::kF32, 1, tiny);
+  const ForwardScales tiny_scales = layer.calculate_kv_scales(zq, zkv, zpe, 1);
+  EXPECT_EQ(tiny_scales.q_scale, FLT_MIN);
+  layer.forward(zq.view().narrow(0, 0, 1), zkv.view().narrow(0, 0, 1), zpe.view().narrow(0, 0, 1),
+                cache, &batch, out, tiny_scales);
+  for (double v : to_doubles(out)) EXPECT_TRUE(std::isfinite(v));
 }
 
 }  // namespace
