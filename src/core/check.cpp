@@ -263,9 +263,13 @@ void check_outputs_apart(const char* op, std::initializer_list<NamedTensor> outp
 }
 
 void unsupported_device(const char* op, Device device) {
-  fail(ErrorCode::kUnsupported,
-       str_cat(op, ": no kernel for ", device_name(device), " in this build",
-               device.is_cuda() ? " (the CUDA backend does not implement this op yet)" : ""));
+#ifdef MLAKIT_WITH_CUDA
+  const char* why = " (the CUDA backend does not implement this op yet)";
+#else
+  const char* why = " (mlakit was built without CUDA)";  // a CPU-only build has no CUDA backend
+#endif
+  fail(ErrorCode::kUnsupported, str_cat(op, ": no kernel for ", device_name(device),
+                                        " in this build", device.is_cuda() ? why : ""));
 }
 
 }  // namespace mlakit::detail

@@ -115,7 +115,8 @@ void check_no_self_overlap(const char* op, const char* name, const TensorView& t
 // nothing (views_overlap); a null `tensor` (an absent optional argument) is skipped.
 void check_outputs_apart(const char* op, std::initializer_list<NamedTensor> outputs,
                          std::initializer_list<NamedTensor> inputs);
-// Throws kUnsupported: `op` has no kernel for `device` in this build.
+// Throws kUnsupported: `op` has no kernel for `device` in this build; for a CUDA device the message
+// says why: a CPU-only build has no CUDA backend, or the CUDA backend lacks the op.
 [[noreturn]] void unsupported_device(const char* op, Device device);
 
 }  // namespace mlakit::detail
