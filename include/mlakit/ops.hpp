@@ -360,8 +360,9 @@ void gather_rows_and_maybe_dequant(const TensorView& src, const TensorView& dst,
 // seq_starts:       i32 [np] first global position of each request's piece
 // rank_cu_seq_lens: i32 [W, np + 1] row k: rank k's rows of each request in its slice
 // row_index:        i32 [>= num_tokens] (output), num_tokens <= cu_seq_lens[np]
-// A row outside every request or a result outside [0, W rows_per_rank): the CPU throws; the GPU
-// writes -1, which gather_rows_and_maybe_dequant then skips and records.
+// A row outside every request or a result outside [0, W rows_per_rank): the CPU throws before it
+// writes any row (row_index is left as it was); the GPU writes -1, which
+// gather_rows_and_maybe_dequant then skips and records.
 void dcp_gathered_rows(const TensorView& cu_seq_lens, const TensorView& seq_starts,
                        const TensorView& rank_cu_seq_lens, int64_t rows_per_rank,
                        int64_t interleave, const TensorView& row_index, int64_t num_tokens,

@@ -154,30 +154,38 @@ void dcp_gathered_rows(const TensorView& cu_seq_lens, const TensorView& seq_star
   auto at = [](const TensorView& t, int64_t i) {
     return int64_t{t.data_as<const int32_t>()[i * t.strides[0]]};
   };
-  auto* out = row_index.data_as<int32_t>();
-  for (int64_t r = 0; r < requests; ++r) {
-    const int64_t begin = at(cu_seq_lens, r), end = std::min(at(cu_seq_lens, r + 1), num_tokens);
-    if (begin >= end) continue;
-    const int64_t start = at(seq_starts, r);
-    detail::require(start >= 0 && start % (w * interleave) == 0, ErrorCode::kInvalidArgument, kOp,
-                    ": seq_starts[", r,
-                    "] must be a multiple of world_size * interleave = ", w * interleave,
-                    " (rank_cu_seq_lens.shape[0] * interleave), got ", start);
-    for (int64_t t = begin; t < end; ++t) {
-      const int64_t p = start + t - begin;
-      const int64_t k = dcp_owner_rank(p, w, interleave);
-      const int64_t rank_first =
-          rank_cu_seq_lens.data_as<const int32_t>()[k * rank_cu_seq_lens.strides[0] +
-                                                    r * rank_cu_seq_lens.strides[1]];
-      const int64_t row =
-          k * rows_per_rank + rank_first + dcp_local_position(p, w, interleave) - start / w;
-      detail::require(row >= 0 && row < w * rows_per_rank, ErrorCode::kOutOfRange, kOp, ": row ", t,
-                      " (request ", r, ", position ", p, ", rank ", k, ") lands on row ", row,
-                      " of the ", w * rows_per_rank,
-                      " all-gathered rows: rank_cu_seq_lens or rows_per_rank is wrong");
-      out[t * row_index.strides[0]] = static_cast<int32_t>(row);
+  // Calls fn(t, row) for every token t < num_tokens, in order; throws at the first bad piece or
+  // row.
+  auto for_each_row = [&](auto&& fn) {
+    for (int64_t r = 0; r < requests; ++r) {
+      const int64_t begin = at(cu_seq_lens, r), end = std::min(at(cu_seq_lens, r + 1), num_tokens);
+      if (begin >= end) continue;
+      const int64_t start = at(seq_starts, r);
+      detail::require(start >= 0 && start % (w * interleave) == 0, ErrorCode::kInvalidArgument, kOp,
+                      ": seq_starts[", r,
+                      "] must be a multiple of world_size * interleave = ", w * interleave,
+                      " (rank_cu_seq_lens.shape[0] * interleave), got ", start);
+      for (int64_t t = begin; t < end; ++t) {
+        const int64_t p = start + t - begin;
+        const int64_t k = dcp_owner_rank(p, w, interleave);
+        const int64_t rank_first =
+            rank_cu_seq_lens.data_as<const int32_t>()[k * rank_cu_seq_lens.strides[0] +
+                                                      r * rank_cu_seq_lens.strides[1]];
+        const int64_t row =
+            k * rows_per_rank + rank_first + dcp_local_position(p, w, interleave) - start / w;
+        detail::require(row >= 0 && row < w * rows_per_rank, ErrorCode::kOutOfRange, kOp, ": row ",
+                        t, " (request ", r, ", position ", p, ", rank ", k, ") lands on row ", row,
+                        " of the ", w * rows_per_rank,
+                        " all-gathered rows: rank_cu_seq_lens or rows_per_rank is wrong");
+        fn(t, row);
+      }
     }
-  }
+  };
+  // Every row is checked before the first is written: a refused call leaves row_index untouched.
+  for_each_row([](int64_t, int64_t) {});
+  auto* out = row_index.data_as<int32_t>();
+  for_each_row(
+      [&](int64_t t, int64_t row) { out[t * row_index.strides[0]] = static_cast<int32_t>(row); });
 }
 
 }  // namespace mlakit::cpu

@@ -29,7 +29,8 @@ void dcp_lse_correct(const TensorView& partial_out, const TensorView& all_lse_to
 
 // cu_seq_lens: i32 [np + 1] (validated: 0, non-decreasing, covers num_tokens); seq_starts: i32
 // [np]; rank_cu_seq_lens: i32 [W, np + 1]; row_index: i32 [>= num_tokens]. Throws on a piece that
-// does not start at a multiple of W I or a row outside [0, W rows_per_rank).
+// does not start at a multiple of W I or a row outside [0, W rows_per_rank), and then writes
+// nothing.
 void dcp_gathered_rows(const TensorView& cu_seq_lens, const TensorView& seq_starts,
                        const TensorView& rank_cu_seq_lens, int64_t rows_per_rank,
                        int64_t interleave, const TensorView& row_index, int64_t num_tokens);

@@ -1,8 +1,8 @@
 // ops::dcp_gathered_rows on the CPU: the row of the all-gathered buffer each global context token
 // of a DCP chunk comes from, against a brute-force count of the positions each rank holds; and
 // the arguments it must refuse (an output sharing memory with an input or with itself, sizes whose
-// products overflow int64). The GPU test (tests/cuda/cuda_dcp_gathered_rows_test.cpp) compares
-// the two devices; this one needs no GPU.
+// products overflow int64, a bad row after good ones: nothing is written then). The GPU test
+// (tests/cuda/cuda_dcp_gathered_rows_test.cpp) compares the two devices; this one needs no GPU.
 #include <gtest/gtest.h>
 
 #include <cstdint>
@@ -101,6 +101,30 @@ TEST(DcpGatheredRows, OutputSharingMemoryIsRefused) {
                              TensorView::strided(in.rows.data<int32_t>(), DType::kI32, {9}, {0}),
                              9),
       "dcp_gathered_rows: row_index must not overlap itself");
+}
+
+TEST(DcpGatheredRows, ARefusedCallWritesNothing) {
+  // Request 0's six rows are valid; request 1 is bad. The op used to write request 0's rows
+  // before it threw: row_index must keep every bit it had.
+  constexpr int32_t kPoison = 0x7fbadbad;  // no row index the op could compute
+  for (int bad_case = 0; bad_case < 2; ++bad_case) {
+    ValidInputs in;
+    if (bad_case == 0) {
+      in.starts.data<int32_t>()[1] = 10;  // not a multiple of W I = 4
+    } else {
+      // Rank 1's first row of request 1 far past its slice: the last token (position 10, rank 1)
+      // lands outside the all-gathered rows.
+      in.rank_cu.data<int32_t>()[1 * 3 + 1] = 100;
+    }
+    Tensor rows = test::int_tensor(std::vector<int64_t>(9, kPoison), {9}, DType::kI32);
+    MLAKIT_EXPECT_THROW_MSG(
+        ops::dcp_gathered_rows(in.cu, in.starts, in.rank_cu, in.expected.rows_per_rank, 2, rows, 9),
+        bad_case == 0 ? "seq_starts[1]" : "row 8 (request 1");
+    for (int64_t t = 0; t < 9; ++t) {
+      EXPECT_EQ(rows.data<int32_t>()[t], kPoison)
+          << "row_index[" << t << "] written, case " << bad_case;
+    }
+  }
 }
 
 TEST(DcpGatheredRows, SizesWhoseProductsOverflowAreRefused) {
