@@ -116,7 +116,8 @@ class Workspace {
 };
 
 // The plan of one step and where its temporaries live in the workspace. Valid until the next
-// plan_step on the same workspace (which overwrites the uploaded indices); forward() checks that.
+// plan_step on the same workspace (which overwrites the uploaded indices), even one that then
+// throws; forward() checks that.
 // It refers to its workspace, which must outlive it.
 class StepPlan {
  public:

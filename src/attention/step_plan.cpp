@@ -570,6 +570,10 @@ StepPlan plan_step(const MlaAttentionConfig& config, const ForwardBatch& batch,
   }
   require(static_cast<int64_t>(host.size()) == shape.metadata_ints, ErrorCode::kInternal, kPlanOp,
           ": uploaded ", host.size(), " index entries, counted ", shape.metadata_ints);
+  // From here on the workspace is written, and a later check may still refuse the step (the DCP
+  // slots check the block table's ids): earlier plans lose their indices now, so they are stale
+  // now, whether or not this call returns a plan.
+  s.generation = ++ws.generation;
   upload(ws, host, metadata, stream);
   ops::prepare_stream(c.device, stream);  // the layers' forward may then be captured
   if (dcp) {
@@ -589,7 +593,6 @@ StepPlan plan_step(const MlaAttentionConfig& config, const ForwardBatch& batch,
   }
 
   s.workspace = &ws;
-  s.generation = ++ws.generation;
   s.launch_signature = launch_signature(s);
   return result;
 }

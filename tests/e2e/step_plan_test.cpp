@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cstring>
 #include <random>
 #include <string>
 #include <vector>
@@ -11,6 +12,7 @@
 #include "common/mla_harness.hpp"
 #include "common/test_util.hpp"
 #include "mlakit/attention.hpp"
+#include "mlakit/dist.hpp"
 #include "mlakit/error.hpp"
 #include "mlakit/step.hpp"
 
@@ -407,6 +409,63 @@ TEST_F(StepPlanRules, PlanValidatesTheBatchLikeForward) {
   Tensor narrow_table = Tensor::zeros({2, 2}, DType::kI32);  // request 1 needs 5 blocks
   b.block_table = narrow_table;
   expect_error([&] { layer.plan(b); }, ErrorCode::kOutOfRange, "block_table_width");
+}
+
+// Rank 0 of a DCP group of two whose other rank holds the same values: all_gather repeats this
+// rank's send, reduce_scatter_sum returns this rank's slice. Enough to run one rank's forward.
+class MirrorCommunicator final : public dist::Communicator {
+ public:
+  int rank() const override { return 0; }
+  int world_size() const override { return 2; }
+  Device device() const override { return Device::cpu(); }
+  const char* backend_name() const override { return "mirror"; }
+
+ protected:
+  void all_gather_impl(const void* send, void* recv, int64_t count, DType dtype, Stream) override {
+    const auto bytes = static_cast<size_t>(count * dtype_size(dtype));
+    for (int k = 0; k < world_size(); ++k) {
+      void* slot = static_cast<char*>(recv) + k * bytes;
+      if (slot != send) std::memmove(slot, send, bytes);
+    }
+  }
+  void reduce_scatter_sum_impl(const void* send, void* recv, int64_t recv_count, DType dtype,
+                               Stream) override {
+    const auto bytes = static_cast<size_t>(recv_count * dtype_size(dtype));
+    std::memcpy(recv, static_cast<const char*>(send) + rank() * bytes, bytes);
+  }
+};
+
+TEST_F(StepPlanRules, ARefusedPlanStepMakesEarlierPlansStale) {
+  // Under DCP plan_step refuses a bad block id only after it has uploaded the step's indices
+  // into the workspace: the earlier plan's indices are gone, so that plan must be stale, not
+  // run with the refused step's lengths.
+  cfg_.dcp = DcpConfig{.world_size = 2, .rank = 0, .interleave = 1};
+  Workspace ws(cfg_);
+  auto rng = make_rng(1063);
+  const MlaDims& d = cfg_.dims;
+  MirrorCommunicator comm;
+  MlaAttention layer(
+      cfg_, random_tensor(rng, {d.num_heads * d.kv_b_out_dim(), d.kv_lora_rank}, DType::kF32),
+      std::nullopt, &comm);
+  slots_ = Tensor::empty({0}, DType::kI64);  // DCP: plan_step derives the slots
+  const StepPlan first = plan_step(cfg_, batch({0, 1}, {9}), ws);
+  // The second step's new token, position 10, is rank 0's local position 5: block table column 1.
+  Tensor bad_table = Tensor::zeros({4, 16}, DType::kI32);
+  bad_table.data<int32_t>()[1] = -1;
+  ForwardBatch refused = batch({0, 1}, {11});
+  refused.block_table = bad_table;
+  expect_error([&] { plan_step(cfg_, refused, ws); }, ErrorCode::kOutOfRange, "block_table[0, 1]");
+
+  Tensor q = random_tensor(rng, {1, d.num_heads, d.qk_head_dim()}, DType::kF32);
+  Tensor kv = random_tensor(rng, {1, d.entry_dim()}, DType::kF32);
+  Tensor cache = random_tensor(rng, {4, 4, d.entry_dim()}, DType::kF32);
+  Tensor out = nan_tensor({1, d.num_heads * d.v_head_dim}, DType::kF32);
+  const TensorView kv_c = kv.view().narrow(1, 0, d.kv_lora_rank);
+  const TensorView k_pe = kv.view().narrow(1, d.kv_lora_rank, d.qk_rope_head_dim);
+  expect_error([&] { layer.forward(q, kv_c, k_pe, cache, first, out); },
+               ErrorCode::kInvalidArgument, "stale");
+  const StepPlan again = plan_step(cfg_, batch({0, 1}, {9}), ws);
+  EXPECT_NO_THROW(layer.forward(q, kv_c, k_pe, cache, again, out));
 }
 
 }  // namespace
