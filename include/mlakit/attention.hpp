@@ -60,6 +60,11 @@ class MlaAttention {
   // output:      [T', N * V]     activation dtype; rows [T, T') untouched, T = num_actual_tokens
   // output and kv_cache are written: they must not overlap each other, themselves, q, kv_c_normed
   // or k_pe (kInvalidArgument, "MlaAttention::forward: output must not overlap q").
+  // A block id the step reads (a decode request's keys, a context gather's positions) outside
+  // [0, num_blocks): on the CPU kOutOfRange naming the request, the table entry, the positions
+  // and the range, before anything is written (the ids plan_step read); on a GPU the kernels do
+  // not read it and record it in the device error word, which check_device_errors reports after
+  // the step has run (ops.hpp).
   // step:        plan_step(config, batch, workspace) of this step, for a configuration equal to the
   //              layer's in everything but the scale (and the weights)
   // Launches only: no host synchronization, no allocation, no planning, no host-to-device copy.

@@ -149,7 +149,10 @@ class StepPlan {
 // it, carves the step's temporaries from `workspace` and uploads every index array in one
 // asynchronous copy on `stream` (GPU: from the pinned staging buffer, after waiting for the
 // previous step's upload to have left it). Throws kInvalidArgument when the step does not fit the
-// configuration's limits.
+// configuration's limits. On the CPU it also reads, once, every block id the step will read (each
+// decode request's keys, each context gather's positions, within the request's length) and keeps
+// the lowest and the highest: each layer's forward compares them with its own cache's block count
+// before it writes anything.
 StepPlan plan_step(const MlaAttentionConfig& config, const ForwardBatch& batch,
                    Workspace& workspace, Stream stream = {});
 

@@ -136,6 +136,28 @@ void gather_dcp_chunk(dist::Communicator& comm, const StepPlan::State& s, size_t
       exchange, gather, c.kv_cache_dtype, k_scale, stream);
 }
 
+// Refuses a CPU step that reads a block id outside the cache, before anything is written (the
+// decode and the gathers check their ids too, but only after the cache write and the prefill rows
+// of the step). plan_step found the lowest and highest id the step reads; a GPU step has none (its
+// kernels check the ids on the device, check_device_errors).
+// kv_cache: [num_blocks, block_size, entry_width], not empty when the step reads a block (a decode
+// request or a context chunk: forward checks that first).
+void check_block_ids(const MlaAttentionConfig& c, const detail::BlockIdBounds& ids,
+                     const TensorView& kv_cache) {
+  if (!ids.any) return;
+  const int64_t num_blocks = kv_cache.shape[0];
+  const detail::BlockIdRead& bad = ids.lowest.id < 0 ? ids.lowest : ids.highest;
+  const int64_t bs = c.block_size, first = bad.column * bs;
+  const char* local = c.dcp.enabled() ? "local " : "";
+  require(bad.id >= 0 && bad.id < num_blocks, ErrorCode::kOutOfRange, kOp, ": batch.block_table[",
+          bad.request, ", ", bad.column, "] = ", bad.id, " is not a block id of kv_cache in [0, ",
+          num_blocks, "): ", bad.decode ? "decode" : "prefill", " request ", bad.request,
+          " reads it for ", local, bad.decode ? "" : "context ", "positions ", first, " to ",
+          std::min(first + bs, bad.keys) - 1, " of its ", bad.keys, " ", local,
+          bad.decode ? "" : "context ", "keys (columns 0 to ", (bad.keys - 1) / bs,
+          "); the step was refused before anything was written");
+}
+
 bool fits(const MlaAttentionConfig& have, const MlaAttentionConfig& need) {
   return have.max_num_seqs >= need.max_num_seqs &&
          have.max_num_batched_tokens >= need.max_num_batched_tokens &&
@@ -250,6 +272,7 @@ void MlaAttention::forward(const TensorView& q, const TensorView& kv_c_normed,
   require(kv_cache.numel() > 0 || !needs_cache, ErrorCode::kInvalidArgument, kOp,
           ": kv_cache is empty but the batch has ", plan.split.num_decodes, " decode requests and ",
           plan.context_chunks.size(), " context chunks to read");
+  check_block_ids(c, s.block_ids, kv_cache);
 
   const AbsorbedWeights& w = state_->weights;
   const int64_t n = d.num_heads, p = d.qk_nope_head_dim, l = d.kv_lora_rank, r = d.qk_rope_head_dim,

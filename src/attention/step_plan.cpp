@@ -410,6 +410,53 @@ void token_positions(const ForwardBatch& batch, std::vector<int64_t>& positions,
   }
 }
 
+// Folds the ids of columns [first_column, end_column) of block_table row `request` (host memory,
+// any strides) into `bounds`. O(columns) compares, no allocation.
+void note_block_ids(const TensorView& block_table, int64_t request, int64_t first_column,
+                    int64_t end_column, int64_t keys, bool decode, BlockIdBounds& bounds) {
+  const int32_t* row = block_table.data_as<const int32_t>() + request * block_table.strides[0];
+  for (int64_t column = first_column; column < end_column; ++column) {
+    const int32_t id = row[column * block_table.strides[1]];
+    if (!bounds.any || id < bounds.lowest.id) bounds.lowest = {id, request, column, keys, decode};
+    if (!bounds.any || id > bounds.highest.id) bounds.highest = {id, request, column, keys, decode};
+    bounds.any = true;
+  }
+}
+
+// The extremes of the block ids a CPU step reads: the decode runs' requests over [0, their held
+// length), and each context chunk's gather over its positions of each prefill request (under DCP
+// this rank's local positions). The planner has checked every such column against the table's
+// width. A GPU step leaves them empty: the table lives on the device.
+BlockIdBounds block_id_bounds(const MlaAttentionConfig& c, const TensorView& block_table,
+                              const Plan& plan, const DecodeRuns& runs,
+                              std::span<const int32_t> held_lens) {
+  BlockIdBounds bounds;
+  if (!c.device.is_cpu()) return bounds;
+  const int64_t bs = c.block_size;
+  for (const DecodeRun& run : runs.runs) {
+    for (int64_t r = run.first_request; r < run.first_request + run.num_requests; ++r) {
+      const int64_t keys = held_lens[r];
+      note_block_ids(block_table, r, 0, (keys + bs - 1) / bs, keys, /*decode=*/true, bounds);
+    }
+  }
+  const int64_t nd = plan.split.num_decodes;
+  const bool dcp = c.dcp.enabled();
+  for (size_t k = 0; k < plan.context_chunks.size(); ++k) {
+    const ContextChunk& chunk = dcp ? plan.dcp_context_chunks[k].local : plan.context_chunks[k];
+    for (size_t i = 0; i < chunk.starts.size(); ++i) {
+      const int64_t start = chunk.starts[i], end = start + chunk.seq_lens[i];
+      if (end == start) continue;
+      const int64_t context = plan.prefill_context_lens[i];
+      const int64_t keys =
+          dcp ? dcp_local_seq_len(context, c.dcp.world_size, c.dcp.rank, c.dcp.interleave)
+              : context;
+      note_block_ids(block_table, nd + static_cast<int64_t>(i), start / bs, (end + bs - 1) / bs,
+                     keys, /*decode=*/false, bounds);
+    }
+  }
+  return bounds;
+}
+
 void sign(std::vector<int64_t>& sig, const TensorView& t) {
   sig.push_back(static_cast<int64_t>(reinterpret_cast<uintptr_t>(t.data)));
   sig.push_back(static_cast<int64_t>(t.dtype));
@@ -514,6 +561,8 @@ StepPlan plan_step(const MlaAttentionConfig& config, const ForwardBatch& batch,
         return ops::plan_mla_decode(
             decode_shape(c, static_cast<int64_t>(lens.size()), q_len, max_seq_len), lens);
       });
+
+  s.block_ids = block_id_bounds(c, batch.block_table, s.plan, s.runs, held_lens);
 
   StepShape shape;
   for (const ContextChunk& chunk : s.plan.context_chunks) {

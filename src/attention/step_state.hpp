@@ -71,6 +71,26 @@ struct StepBuffers {
 
 StepBuffers carve(Arena& arena, const MlaAttentionConfig& config, const StepShape& shape);
 
+// One block id a step reads, and where: batch.block_table[request, column].
+struct BlockIdRead {
+  int32_t id = 0;
+  int64_t request = 0;
+  int64_t column = 0;
+  // Keys of what reads it: the decode request's seq_len, or the prefill request's context length
+  // (this rank's under DCP).
+  int64_t keys = 0;
+  bool decode = false;  // a decode request's keys, else a prefill request's context
+};
+
+// The lowest and the highest block id a CPU step reads (every decode request's keys and every
+// context gather, within each request's length), found by plan_step once per step: forward
+// compares them with its cache's block count before it writes anything. Empty on a GPU, whose
+// kernels check the ids on the device (check_device_errors).
+struct BlockIdBounds {
+  bool any = false;  // the step reads at least one block
+  BlockIdRead lowest, highest;
+};
+
 // The decode threshold the planner uses: 1 under DCP (PlannerConfig::dcp), else the config's.
 int64_t effective_decode_threshold(const MlaAttentionConfig& config);
 
@@ -94,6 +114,8 @@ struct StepPlan::State {
   int64_t decode_rows = 0;     // Td: the decode phase's; decode tokens past them are padding
   TensorView block_table;      // i32 [>= R, max_blocks] (the engine's; under DCP this rank's)
   TensorView slot_mapping;     // i64 [>= T] (the engine's; under DCP buffers.dcp_slots)
+  // CPU only: the lowest and highest block id the step reads, for forward's check.
+  detail::BlockIdBounds block_ids;
 
   // Views into buffers.metadata.
   TensorView seq_lens;                        // i32 [R] (under DCP this rank's local lengths)

@@ -4,9 +4,11 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "common/mla_harness.hpp"
@@ -466,6 +468,51 @@ TEST_F(StepPlanRules, ARefusedPlanStepMakesEarlierPlansStale) {
                ErrorCode::kInvalidArgument, "stale");
   const StepPlan again = plan_step(cfg_, batch({0, 1}, {9}), ws);
   EXPECT_NO_THROW(layer.forward(q, kv_c, k_pe, cache, again, out));
+}
+
+TEST_F(StepPlanRules, DcpForwardChecksLocalBlockIdsBeforeAnyWrite) {
+  // Rank 0 of two (interleave 1) holds the even positions. Request 0 decodes position 13 of 14
+  // (local keys 0-6: columns 0-1); request 1 prefills positions 7-8 after a 7-key context (local
+  // context keys 0-3: column 0; position 8 is local 4, column 1, the step's only write here).
+  cfg_.dcp = DcpConfig{.world_size = 2, .rank = 0, .interleave = 1};
+  Workspace ws(cfg_);
+  auto rng = make_rng(1064);
+  const MlaDims& d = cfg_.dims;
+  MirrorCommunicator comm;
+  MlaAttention layer(
+      cfg_, random_tensor(rng, {d.num_heads * d.kv_b_out_dim(), d.kv_lora_rank}, DType::kF32),
+      std::nullopt, &comm);
+  slots_ = Tensor::empty({0}, DType::kI64);  // DCP: plan_step derives the slots
+  int32_t* table = table_.data<int32_t>();   // [4, 16]
+  for (const auto& [index, id] : {std::pair{0, 0}, {1, 1}, {16, 2}, {17, 3}}) table[index] = id;
+  constexpr int64_t kNumBlocks = 4;  // the blocks the table uses
+  Tensor q = random_tensor(rng, {3, d.num_heads, d.qk_head_dim()}, DType::kF32);
+  Tensor kv = random_tensor(rng, {3, d.entry_dim()}, DType::kF32);
+  Tensor cache = random_tensor(rng, {kNumBlocks, 4, d.entry_dim()}, DType::kF32);
+  Tensor out = nan_tensor({3, d.num_heads * d.v_head_dim}, DType::kF32);
+  const TensorView kv_c = kv.view().narrow(1, 0, d.kv_lora_rank);
+  const TensorView k_pe = kv.view().narrow(1, d.kv_lora_rank, d.qk_rope_head_dim);
+  auto expect_refused = [&](const std::string& message) {
+    const StepPlan step = plan_step(cfg_, batch({0, 1, 3}, {14, 9}), ws);
+    const std::vector<float> cache_before(cache.data<float>(), cache.data<float>() + cache.numel());
+    expect_error([&] { layer.forward(q, kv_c, k_pe, cache, step, out); }, ErrorCode::kOutOfRange,
+                 message);
+    EXPECT_EQ(0, std::memcmp(cache_before.data(), cache.data<float>(),
+                             cache_before.size() * sizeof(float)));
+    for (int64_t i = 0; i < out.numel(); ++i) ASSERT_TRUE(std::isnan(out.data<float>()[i])) << i;
+  };
+  table[1] = kNumBlocks;
+  expect_refused(
+      "batch.block_table[0, 1] = 4 is not a block id of kv_cache in [0, 4): decode request 0 "
+      "reads it for local positions 4 to 6 of its 7 local keys (columns 0 to 1)");
+  table[1] = 1;
+  table[16] = -1;
+  expect_refused(
+      "batch.block_table[1, 0] = -1 is not a block id of kv_cache in [0, 4): prefill request 1 "
+      "reads it for local context positions 0 to 3 of its 4 local context keys (columns 0 to 0)");
+  table[16] = 2;
+  const StepPlan step = plan_step(cfg_, batch({0, 1, 3}, {14, 9}), ws);
+  EXPECT_NO_THROW(layer.forward(q, kv_c, k_pe, cache, step, out));
 }
 
 }  // namespace
