@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "common/small_forward.hpp"
 #include "common/test_util.hpp"
 #include "mlakit/attention.hpp"
 #include "mlakit/error.hpp"
@@ -27,25 +28,15 @@ namespace {
 //   request 2: prefill, seq_len 10, q_len 3, context 7 (columns 0-2: blocks 7, 8, 9)
 //   request 3: prefill, seq_len  5, q_len 5, no context (columns 0-1: blocks 10, 11)
 // Columns past a request's length hold -1: they are never read, so never checked.
-class ForwardBlockIds : public ::testing::Test {
+class ForwardBlockIds : public SmallForwardTest {
  protected:
   static constexpr int64_t kBlockSize = 4;   // small, so that requests span several blocks
   static constexpr int64_t kNumBlocks = 12;  // exactly the blocks the table uses
   static constexpr int64_t kTokens = 10;     // 1 + 1 + 3 + 5 new tokens
 
   void SetUp() override {
-    dims_ = MlaDims{2, 32, 8, 16, 16};
-    cfg_.dims = dims_;
-    cfg_.scale = 0.25f;
-    cfg_.act_dtype = DType::kF32;
-    cfg_.block_size = kBlockSize;
     auto rng = make_rng(950);
-    weight_ = random_tensor(rng, {dims_.num_heads * dims_.kv_b_out_dim(), dims_.kv_lora_rank},
-                            DType::kF32);
-    attn_ = std::make_unique<MlaAttention>(cfg_, weight_);
-    q_ = random_tensor(rng, {kTokens, dims_.num_heads, dims_.qk_head_dim()}, DType::kF32);
-    kv_c_ = random_tensor(rng, {kTokens, dims_.kv_lora_rank}, DType::kF32);
-    k_pe_ = random_tensor(rng, {kTokens, dims_.qk_rope_head_dim}, DType::kF32);
+    make_layer(rng, kTokens, kBlockSize);
     clean_cache_ = random_tensor(rng, {kNumBlocks, kBlockSize, dims_.entry_dim()}, DType::kF32);
     cache_ = Tensor::empty({kNumBlocks, kBlockSize, dims_.entry_dim()}, DType::kF32);
     std::copy_n(clean_cache_.data<float>(), cache_.numel(), cache_.data<float>());
@@ -108,10 +99,7 @@ class ForwardBlockIds : public ::testing::Test {
     for (int64_t i = 0; i < out_.numel(); ++i) ASSERT_FALSE(std::isnan(out_.data<float>()[i])) << i;
   }
 
-  MlaDims dims_;
-  MlaAttentionConfig cfg_;
-  Tensor weight_, q_, kv_c_, k_pe_, clean_cache_, cache_, out_, block_table_, slots_;
-  std::unique_ptr<MlaAttention> attn_;
+  Tensor clean_cache_, cache_, out_, block_table_, slots_;
   std::vector<int32_t> qsl_{0, 1, 2, 5, 10};
   std::vector<int32_t> seq_lens_{9, 14, 10, 5};
   ForwardBatch batch_;

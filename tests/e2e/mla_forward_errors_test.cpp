@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "common/small_forward.hpp"
 #include "common/test_util.hpp"
 #include "mlakit/attention.hpp"
 #include "mlakit/error.hpp"
@@ -18,21 +19,11 @@ namespace mlakit::test {
 namespace {
 
 // One decode request (seq_len 20, q_len 1) and one prefill (seq_len 8, q_len 8), small dims.
-class ForwardErrors : public ::testing::Test {
+class ForwardErrors : public SmallForwardTest {
  protected:
   void SetUp() override {
-    dims_ = MlaDims{2, 32, 8, 16, 16};
-    cfg_.dims = dims_;
-    cfg_.scale = 0.25f;
-    cfg_.act_dtype = DType::kF32;
-    cfg_.block_size = 4;
     auto rng = make_rng(900);
-    weight_ = random_tensor(rng, {dims_.num_heads * dims_.kv_b_out_dim(), dims_.kv_lora_rank},
-                            DType::kF32);
-    attn_ = std::make_unique<MlaAttention>(cfg_, weight_);
-    q_ = random_tensor(rng, {tokens_, dims_.num_heads, dims_.qk_head_dim()}, DType::kF32);
-    kv_c_ = random_tensor(rng, {tokens_, dims_.kv_lora_rank}, DType::kF32);
-    k_pe_ = random_tensor(rng, {tokens_, dims_.qk_rope_head_dim}, DType::kF32);
+    make_layer(rng, tokens_, 4);
     cache_ = nan_tensor({num_blocks_, 4, dims_.entry_dim()}, DType::kF32);
     out_ = nan_tensor({tokens_, dims_.num_heads * dims_.v_head_dim}, DType::kF32);
     block_table_ = int_tensor({1, 2, 3, 4, 5, 6, 7, 8, 9, 10}, {2, 5}, DType::kI32);
@@ -56,12 +47,9 @@ class ForwardErrors : public ::testing::Test {
     ops::concat_and_cache_mla(ctx_kv, ctx_pe, cache_, ctx_slot_t, KvCacheDType::kAuto, 1.0f);
   }
 
-  MlaDims dims_;
-  MlaAttentionConfig cfg_;
   static constexpr int64_t tokens_ = 9;
   static constexpr int64_t num_blocks_ = 12;
-  Tensor weight_, q_, kv_c_, k_pe_, cache_, out_, block_table_, slots_;
-  std::unique_ptr<MlaAttention> attn_;
+  Tensor cache_, out_, block_table_, slots_;
   std::vector<int32_t> qsl_{0, 1, 9};
   std::vector<int32_t> seq_lens_{20, 8};
   ForwardBatch batch_;

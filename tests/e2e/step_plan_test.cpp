@@ -437,6 +437,19 @@ class MirrorCommunicator final : public dist::Communicator {
   }
 };
 
+// A layer of rank 0 of two (interleave 1) over a MirrorCommunicator, with random weights.
+struct DcpRankZero {
+  MirrorCommunicator comm;
+  MlaAttention layer;
+  DcpRankZero(const MlaAttentionConfig& config, std::mt19937_64& rng)
+      : layer(
+            config,
+            random_tensor(
+                rng, {config.dims.num_heads * config.dims.kv_b_out_dim(), config.dims.kv_lora_rank},
+                DType::kF32),
+            std::nullopt, &comm) {}
+};
+
 TEST_F(StepPlanRules, ARefusedPlanStepMakesEarlierPlansStale) {
   // Under DCP plan_step refuses a bad block id only after it has uploaded the step's indices
   // into the workspace: the earlier plan's indices are gone, so that plan must be stale, not
@@ -445,10 +458,8 @@ TEST_F(StepPlanRules, ARefusedPlanStepMakesEarlierPlansStale) {
   Workspace ws(cfg_);
   auto rng = make_rng(1063);
   const MlaDims& d = cfg_.dims;
-  MirrorCommunicator comm;
-  MlaAttention layer(
-      cfg_, random_tensor(rng, {d.num_heads * d.kv_b_out_dim(), d.kv_lora_rank}, DType::kF32),
-      std::nullopt, &comm);
+  DcpRankZero rank_zero(cfg_, rng);
+  MlaAttention& layer = rank_zero.layer;
   slots_ = Tensor::empty({0}, DType::kI64);  // DCP: plan_step derives the slots
   const StepPlan first = plan_step(cfg_, batch({0, 1}, {9}), ws);
   // The second step's new token, position 10, is rank 0's local position 5: block table column 1.
@@ -478,10 +489,8 @@ TEST_F(StepPlanRules, DcpForwardChecksLocalBlockIdsBeforeAnyWrite) {
   Workspace ws(cfg_);
   auto rng = make_rng(1064);
   const MlaDims& d = cfg_.dims;
-  MirrorCommunicator comm;
-  MlaAttention layer(
-      cfg_, random_tensor(rng, {d.num_heads * d.kv_b_out_dim(), d.kv_lora_rank}, DType::kF32),
-      std::nullopt, &comm);
+  DcpRankZero rank_zero(cfg_, rng);
+  MlaAttention& layer = rank_zero.layer;
   slots_ = Tensor::empty({0}, DType::kI64);  // DCP: plan_step derives the slots
   int32_t* table = table_.data<int32_t>();   // [4, 16]
   for (const auto& [index, id] : {std::pair{0, 0}, {1, 1}, {16, 2}, {17, 3}}) table[index] = id;
