@@ -437,12 +437,15 @@ class MirrorCommunicator final : public dist::Communicator {
   }
 };
 
-// A layer of rank 0 of two (interleave 1) over a MirrorCommunicator, with random weights.
+// Rank 0 of two (interleave 1; the config's dcp says so) over a MirrorCommunicator: its
+// workspace and its layer, with random weights.
 struct DcpRankZero {
   MirrorCommunicator comm;
+  Workspace ws;
   MlaAttention layer;
   DcpRankZero(const MlaAttentionConfig& config, std::mt19937_64& rng)
-      : layer(
+      : ws(config),
+        layer(
             config,
             random_tensor(
                 rng, {config.dims.num_heads * config.dims.kv_b_out_dim(), config.dims.kv_lora_rank},
@@ -450,17 +453,29 @@ struct DcpRankZero {
             std::nullopt, &comm) {}
 };
 
+// A step's random f32 inputs: q [tokens, N, P + R], kv [tokens, L + R] (kv_c and k_pe its column
+// views), a cache of `blocks` blocks of 4 entries, out [tokens, N V] NaN.
+struct StepInputs {
+  Tensor q, kv, cache, out;
+  TensorView kv_c, k_pe;
+  StepInputs(const MlaDims& d, std::mt19937_64& rng, int64_t tokens, int64_t blocks)
+      : q(random_tensor(rng, {tokens, d.num_heads, d.qk_head_dim()}, DType::kF32)),
+        kv(random_tensor(rng, {tokens, d.entry_dim()}, DType::kF32)),
+        cache(random_tensor(rng, {blocks, 4, d.entry_dim()}, DType::kF32)),
+        out(nan_tensor({tokens, d.num_heads * d.v_head_dim}, DType::kF32)),
+        kv_c(kv.view().narrow(1, 0, d.kv_lora_rank)),
+        k_pe(kv.view().narrow(1, d.kv_lora_rank, d.qk_rope_head_dim)) {}
+};
+
 TEST_F(StepPlanRules, ARefusedPlanStepMakesEarlierPlansStale) {
   // Under DCP plan_step refuses a bad block id only after it has uploaded the step's indices
   // into the workspace: the earlier plan's indices are gone, so that plan must be stale, not
   // run with the refused step's lengths.
   cfg_.dcp = DcpConfig{.world_size = 2, .rank = 0, .interleave = 1};
-  Workspace ws(cfg_);
-  auto rng = make_rng(1063);
-  const MlaDims& d = cfg_.dims;
-  DcpRankZero rank_zero(cfg_, rng);
-  MlaAttention& layer = rank_zero.layer;
   slots_ = Tensor::empty({0}, DType::kI64);  // DCP: plan_step derives the slots
+  auto rng = make_rng(1063);
+  DcpRankZero rank(cfg_, rng);
+  Workspace& ws = rank.ws;
   const StepPlan first = plan_step(cfg_, batch({0, 1}, {9}), ws);
   // The second step's new token, position 10, is rank 0's local position 5: block table column 1.
   Tensor bad_table = Tensor::zeros({4, 16}, DType::kI32);
@@ -469,16 +484,11 @@ TEST_F(StepPlanRules, ARefusedPlanStepMakesEarlierPlansStale) {
   refused.block_table = bad_table;
   expect_error([&] { plan_step(cfg_, refused, ws); }, ErrorCode::kOutOfRange, "block_table[0, 1]");
 
-  Tensor q = random_tensor(rng, {1, d.num_heads, d.qk_head_dim()}, DType::kF32);
-  Tensor kv = random_tensor(rng, {1, d.entry_dim()}, DType::kF32);
-  Tensor cache = random_tensor(rng, {4, 4, d.entry_dim()}, DType::kF32);
-  Tensor out = nan_tensor({1, d.num_heads * d.v_head_dim}, DType::kF32);
-  const TensorView kv_c = kv.view().narrow(1, 0, d.kv_lora_rank);
-  const TensorView k_pe = kv.view().narrow(1, d.kv_lora_rank, d.qk_rope_head_dim);
-  expect_error([&] { layer.forward(q, kv_c, k_pe, cache, first, out); },
+  StepInputs in(cfg_.dims, rng, 1, 4);
+  expect_error([&] { rank.layer.forward(in.q, in.kv_c, in.k_pe, in.cache, first, in.out); },
                ErrorCode::kInvalidArgument, "stale");
   const StepPlan again = plan_step(cfg_, batch({0, 1}, {9}), ws);
-  EXPECT_NO_THROW(layer.forward(q, kv_c, k_pe, cache, again, out));
+  EXPECT_NO_THROW(rank.layer.forward(in.q, in.kv_c, in.k_pe, in.cache, again, in.out));
 }
 
 TEST_F(StepPlanRules, DcpForwardChecksLocalBlockIdsBeforeAnyWrite) {
@@ -486,26 +496,21 @@ TEST_F(StepPlanRules, DcpForwardChecksLocalBlockIdsBeforeAnyWrite) {
   // (local keys 0-6: columns 0-1); request 1 prefills positions 7-8 after a 7-key context (local
   // context keys 0-3: column 0; position 8 is local 4, column 1, the step's only write here).
   cfg_.dcp = DcpConfig{.world_size = 2, .rank = 0, .interleave = 1};
-  Workspace ws(cfg_);
-  auto rng = make_rng(1064);
-  const MlaDims& d = cfg_.dims;
-  DcpRankZero rank_zero(cfg_, rng);
-  MlaAttention& layer = rank_zero.layer;
   slots_ = Tensor::empty({0}, DType::kI64);  // DCP: plan_step derives the slots
-  int32_t* table = table_.data<int32_t>();   // [4, 16]
+  auto rng = make_rng(1064);
+  DcpRankZero rank(cfg_, rng);
+  int32_t* table = table_.data<int32_t>();  // [4, 16]
   for (const auto& [index, id] : {std::pair{0, 0}, {1, 1}, {16, 2}, {17, 3}}) table[index] = id;
   constexpr int64_t kNumBlocks = 4;  // the blocks the table uses
-  Tensor q = random_tensor(rng, {3, d.num_heads, d.qk_head_dim()}, DType::kF32);
-  Tensor kv = random_tensor(rng, {3, d.entry_dim()}, DType::kF32);
-  Tensor cache = random_tensor(rng, {kNumBlocks, 4, d.entry_dim()}, DType::kF32);
-  Tensor out = nan_tensor({3, d.num_heads * d.v_head_dim}, DType::kF32);
-  const TensorView kv_c = kv.view().narrow(1, 0, d.kv_lora_rank);
-  const TensorView k_pe = kv.view().narrow(1, d.kv_lora_rank, d.qk_rope_head_dim);
+  StepInputs in(cfg_.dims, rng, 3, kNumBlocks);
+  const Tensor &cache = in.cache, &out = in.out;
+  auto forward = [&](const StepPlan& step) {
+    rank.layer.forward(in.q, in.kv_c, in.k_pe, in.cache, step, in.out);
+  };
   auto expect_refused = [&](const std::string& message) {
-    const StepPlan step = plan_step(cfg_, batch({0, 1, 3}, {14, 9}), ws);
+    const StepPlan step = plan_step(cfg_, batch({0, 1, 3}, {14, 9}), rank.ws);
     const std::vector<float> cache_before(cache.data<float>(), cache.data<float>() + cache.numel());
-    expect_error([&] { layer.forward(q, kv_c, k_pe, cache, step, out); }, ErrorCode::kOutOfRange,
-                 message);
+    expect_error([&] { forward(step); }, ErrorCode::kOutOfRange, message);
     EXPECT_EQ(0, std::memcmp(cache_before.data(), cache.data<float>(),
                              cache_before.size() * sizeof(float)));
     for (int64_t i = 0; i < out.numel(); ++i) ASSERT_TRUE(std::isnan(out.data<float>()[i])) << i;
@@ -520,8 +525,8 @@ TEST_F(StepPlanRules, DcpForwardChecksLocalBlockIdsBeforeAnyWrite) {
       "batch.block_table[1, 0] = -1 is not a block id of kv_cache in [0, 4): prefill request 1 "
       "reads it for local context positions 0 to 3 of its 4 local context keys (columns 0 to 0)");
   table[16] = 2;
-  const StepPlan step = plan_step(cfg_, batch({0, 1, 3}, {14, 9}), ws);
-  EXPECT_NO_THROW(layer.forward(q, kv_c, k_pe, cache, step, out));
+  const StepPlan step = plan_step(cfg_, batch({0, 1, 3}, {14, 9}), rank.ws);
+  EXPECT_NO_THROW(forward(step));
 }
 
 }  // namespace
